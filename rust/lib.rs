@@ -1,0 +1,12 @@
+//! gpumm's core: a GPU memory manager modelled on the physical memory manager of NVIDIA's
+//! UVM driver. The core is free of PyO3; the Python glue lives in `bindings`, behind the
+//! default `python` feature, so `cargo test --no-default-features` tests the allocator alone.
+
+pub mod error;
+pub mod pmm;
+pub mod units;
+
+#[cfg(feature = "python")]
+mod bindings;
+
+pub use error::{Error, Result};
