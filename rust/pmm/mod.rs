@@ -951,13 +951,13 @@ impl Pmm {
         self.counters.failed_allocs += 1;
         let s = self.stats();
         Error::OutOfMemory(format!(
-            "cannot allocate {count} {} chunk(s) of {}: {} free in chunks of this type or larger, \
-             {} roots still owned by the device, largest free chunk {}, {} allocated, {} roots evictable",
+            "cannot allocate {count} {} chunk(s) of {}: {} free in taken roots (largest free \
+             chunk {}), {} roots still owned by the device, {} allocated, {} roots evictable",
             ctype.name(),
             format_size(size),
             format_size(s.free_bytes),
-            s.roots_pma_owned,
             format_size(s.largest_free_chunk),
+            s.roots_pma_owned,
             format_size(s.allocated_bytes),
             s.root_list_len.iter().sum::<u64>(),
         ))

@@ -1,0 +1,38 @@
+"""gpumm: a GPU memory manager for Python with a Rust core.
+
+Modelled on the physical memory manager of NVIDIA's UVM driver: 2 MiB root chunks split
+into power-of-two chunks, free lists per size, eager merge, root LRU lists and eviction.
+"""
+
+from gpumm import arch, errors, units
+from gpumm._core import Chunk, Eviction, __version__
+from gpumm.errors import (
+    GpummError,
+    InvalidArgumentError,
+    InvalidFreeError,
+    InvalidHandleError,
+    InvalidSizeError,
+    InvalidStateError,
+    OutOfMemoryError,
+)
+from gpumm.pmm import Pmm
+from gpumm.units import format_size, parse_size
+
+__all__ = [
+    "Pmm",
+    "Chunk",
+    "Eviction",
+    "arch",
+    "errors",
+    "units",
+    "parse_size",
+    "format_size",
+    "GpummError",
+    "OutOfMemoryError",
+    "InvalidSizeError",
+    "InvalidFreeError",
+    "InvalidStateError",
+    "InvalidHandleError",
+    "InvalidArgumentError",
+    "__version__",
+]

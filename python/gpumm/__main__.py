@@ -1,0 +1,5 @@
+import sys
+
+from gpumm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,171 @@
+"""The ``gpumm`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from typing import List, Optional, Sequence
+
+from rich.console import Console
+from rich import box
+from rich.table import Table
+
+from gpumm.arch import ARCHES, DEVICES, get_device
+from gpumm.errors import GpummError, OutOfMemoryError
+from gpumm.pmm import Pmm
+from gpumm.units import format_size
+
+__all__ = ["main"]
+
+
+def _short(size: int) -> str:
+    """4096 -> '4K', 2 MiB -> '2M': the driver's own way of naming page sizes."""
+    for unit, suffix in ((1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")):
+        if size >= unit and size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
+def _sizes(sizes: Sequence[int]) -> str:
+    return " ".join(_short(s) for s in sizes)
+
+
+def cmd_info(args: argparse.Namespace, out: Console) -> int:
+    """Prints the architecture table and the device presets."""
+    out = Console(width=max(out.width, 100), file=out.file)
+    t = Table(box=box.SIMPLE_HEAD, title="Architectures, from the driver's MMU code (K/M/G are binary)")
+    for col in ("arch", "CC", "page sizes", "big page", "VA", "levels", "faults", "counters"):
+        t.add_column(col, no_wrap=True)
+    for a in ARCHES.values():
+        t.add_row(a.name, ".".join(map(str, a.compute_capability)), _sizes(a.page_sizes),
+                  _sizes(a.big_page_sizes), str(a.va_bits), str(a.page_table_levels),
+                  "replay" if a.replayable_faults else "-",
+                  "yes" if a.access_counters else "-")
+    out.print(t)
+    c = Table(box=box.SIMPLE_HEAD, title="PMM chunk sizes by type")
+    for col in ("arch", "USER chunks", "KERNEL chunks"):
+        c.add_column(col, no_wrap=True)
+    for a in ARCHES.values():
+        c.add_row(a.name, _sizes(a.user_chunk_sizes), _sizes(a.kernel_chunk_sizes))
+    out.print(c)
+    d = Table(box=box.SIMPLE_HEAD, title="Device presets")
+    for col in ("device", "arch", "vidmem", "HBM/GDDR", "host link", "per direction"):
+        d.add_column(col, no_wrap=True)
+    for dev in DEVICES.values():
+        d.add_row(dev.name, dev.arch.name, format_size(dev.vidmem),
+                  f"{dev.memory_bandwidth / 1e12:.2f} TB/s", dev.link.name,
+                  f"{dev.link.bandwidth / 1e9:.1f} GB/s")
+    out.print(d)
+    return 0
+
+
+def _stats_table(pmm: Pmm, title: str) -> Table:
+    s = pmm.stats()
+    t = Table(box=box.SIMPLE_HEAD, title=title)
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    rows = [
+        ("reserved from the device", format_size(s["reserved_bytes"])),
+        ("allocated", format_size(s["allocated_bytes"])),
+        ("  of which temp-pinned", format_size(s["pinned_bytes"])),
+        ("free in taken roots", format_size(s["free_bytes"])),
+        ("largest free chunk", format_size(s["largest_free_chunk"])),
+        ("roots: device / free / total", f"{s['roots_pma_owned']} / {s['roots_free']} / {s['num_roots']}"),
+        ("LRU lists unused / discarded / used",
+         " / ".join(str(s["root_lists"][k]) for k in ("unused", "discarded", "used"))),
+    ]
+    rows += [(k.replace("_", " "), str(v)) for k, v in s["counters"].items()]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def cmd_demo(args: argparse.Namespace, out: Console) -> int:
+    """Shows the PMM at work on a simulated device."""
+    dev = get_device(args.device)
+    pmm = Pmm(device=dev, vidmem=args.vidmem)
+    out.print(f"[bold]gpumm demo[/bold]: the PMM of a simulated {dev.notes or dev.name} "
+              f"({dev.arch.name}), {format_size(pmm.vidmem)} in {pmm.num_roots} root chunks of 2 MiB")
+    out.print(f"USER chunk sizes {_sizes(pmm.user_sizes)}; KERNEL chunk sizes {_sizes(pmm.kernel_sizes)}")
+
+    # 1. Lazy split, one level at a time: one 4 KiB chunk splits a root and a 64 KiB chunk.
+    c = pmm.alloc_chunk("4KiB")
+    st = pmm.stats()["chunks"]["user"]
+    out.print(f"\n1. alloc 4 KiB -> {c!r}: the root split into 32 x 64 KiB "
+              f"({st[64 * 1024]['free']} free) and one 64 KiB into 16 x 4 KiB ({st[4096]['free']} free)")
+    pmm.free(c)
+    out.print(f"   free it -> eager merge back to {pmm.stats()['roots_free']} free root")
+
+    # 2. A churn of mixed chunks, like page tables and managed memory.
+    rng = random.Random(args.seed)
+    live: List = []
+    t0 = time.perf_counter()
+    ops = 0
+    for _ in range(args.ops):
+        if live and rng.random() < 0.45:
+            pmm.free(live.pop(rng.randrange(len(live))))
+        else:
+            kind = "kernel" if rng.random() < 0.2 else "user"
+            sizes = pmm.kernel_sizes if kind == "kernel" else pmm.user_sizes
+            live.append(pmm.alloc_chunk(rng.choice(sizes[:-1] or sizes), kind))
+        ops += 1
+    dt = time.perf_counter() - t0
+    out.print(f"\n2. {ops} random chunk alloc/free calls from Python: {dt / ops * 1e9:.0f} ns a call, "
+              f"{len(live)} chunks live")
+    for ch in live:
+        if ch.state == "temp_pinned":
+            pmm.unpin(ch)
+    pmm.validate()
+
+    # 3. Oversubscription: fill the rest with 2 MiB user chunks, then allocate with eviction.
+    filled = 0
+    while True:
+        try:
+            ch = pmm.alloc_chunk("2MiB")
+        except OutOfMemoryError as e:
+            out.print(f"\n3. filled the device with {filled} more 2 MiB chunks; next one: "
+                      f"[red]{type(e).__name__}[/red]: {e}")
+            break
+        pmm.unpin(ch)
+        live.append(ch)
+        filled += 1
+    victim = live[0]
+    victim_text = repr(victim)
+    pmm.mark_root_unused(victim)
+    ch = pmm.alloc_chunk("2MiB", evict=True)
+    evicted = pmm.take_evicted()
+    out.print(f"   marked the root of {victim_text} unused, then asked again with evict=True:\n"
+              f"   evicted that root (the UNUSED list head): {len(evicted)} chunk(s), "
+              f"{format_size(sum(e.size for e in evicted))} whose data would move to sysmem; "
+              f"got {ch!r}")
+    pmm.validate()
+    out.print(_stats_table(pmm, "PMM statistics"))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpumm", description="GPU memory manager: tools and demos")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="architecture table and device presets")
+    demo = sub.add_parser("demo", help="the PMM at work on a simulated device")
+    demo.add_argument("--device", default="h100", help="device preset (default h100)")
+    demo.add_argument("--vidmem", default="1GiB", help="capacity to simulate (default 1GiB)")
+    demo.add_argument("--ops", type=int, default=20000, help="random operations (default 20000)")
+    demo.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Console()
+    try:
+        return {"info": cmd_info, "demo": cmd_demo}[args.command](args, out)
+    except GpummError as e:
+        Console(stderr=True).print(f"[red]error:[/red] {e}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
