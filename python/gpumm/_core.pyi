@@ -2,6 +2,10 @@
 
 from typing import Any, Iterable, Optional, Union, final
 
+from typing_extensions import disjoint_base
+
+__all__ = ["Chunk", "Eviction", "Pmm", "parse_size", "format_size", "ROOT_CHUNK_SIZE", "MAX_VIDMEM", "__version__"]
+
 __version__: str
 ROOT_CHUNK_SIZE: int
 MAX_VIDMEM: int
@@ -23,7 +27,7 @@ class Chunk:
     def state(self) -> str: ...
     @property
     def is_zero(self) -> bool: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 @final
@@ -35,6 +39,7 @@ class Eviction:
     @property
     def chunks(self) -> list[Chunk]: ...
 
+@disjoint_base
 class Pmm:
     def __new__(
         cls,

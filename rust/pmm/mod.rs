@@ -73,6 +73,11 @@ impl ChunkType {
     }
 
     pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "user" => return Ok(ChunkType::User),
+            "kernel" => return Ok(ChunkType::Kernel),
+            _ => {}
+        }
         match name.to_ascii_lowercase().as_str() {
             "user" => Ok(ChunkType::User),
             "kernel" => Ok(ChunkType::Kernel),
