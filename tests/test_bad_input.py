@@ -86,6 +86,11 @@ def test_stale_and_foreign_chunks(busy):
     refused(busy, gpumm.InvalidHandleError, busy.split, foreign, match="another Pmm")
     refused(busy, gpumm.InvalidFreeError, busy.free_chunks, [d, foreign])
     assert d.state == "allocated", "a refused batch free frees nothing"
+    refused(busy, gpumm.InvalidFreeError, busy.free_chunks, [d, d], match="twice")
+    e2 = busy.alloc_chunk("64KiB", "kernel")
+    busy.free(e2)
+    refused(busy, gpumm.InvalidFreeError, busy.free_chunks, [d, e2])
+    assert d.state == "allocated"
 
 
 def test_illegal_state_transitions(busy):

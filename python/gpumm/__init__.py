@@ -6,15 +6,7 @@ into power-of-two chunks, free lists per size, eager merge, root LRU lists and e
 
 from gpumm import arch, errors, units
 from gpumm._core import Chunk, Eviction, __version__
-from gpumm.errors import (
-    GpummError,
-    InvalidArgumentError,
-    InvalidFreeError,
-    InvalidHandleError,
-    InvalidSizeError,
-    InvalidStateError,
-    OutOfMemoryError,
-)
+from gpumm.errors import *  # noqa: F403 - the exception classes, listed in errors.__all__
 from gpumm.pmm import Pmm
 from gpumm.units import format_size, parse_size
 
@@ -27,12 +19,6 @@ __all__ = [
     "units",
     "parse_size",
     "format_size",
-    "GpummError",
-    "OutOfMemoryError",
-    "InvalidSizeError",
-    "InvalidFreeError",
-    "InvalidStateError",
-    "InvalidHandleError",
-    "InvalidArgumentError",
     "__version__",
+    *errors.__all__,
 ]

@@ -242,7 +242,7 @@ impl PyPmm {
         let infos = self
             .with(py, |p| {
                 let ids = p.alloc_chunks(count, size, t, evict)?;
-                ids.into_iter().map(|id| p.info(id)).collect::<crate::Result<Vec<_>>>()
+                p.infos(&ids)
             })
             .py_err(py)?;
         self.chunks(py, &infos)
@@ -254,13 +254,13 @@ impl PyPmm {
         self.with(py, |p| p.free(id)).py_err(py)
     }
 
-    /// Frees several chunks in one call, stopping at the first that cannot be freed.
+    /// Frees several chunks in one call: all, or (if any cannot be freed) none.
     fn free_chunks(&self, py: Python<'_>, chunks: Vec<Bound<'_, PyChunk>>) -> PyResult<()> {
         let ids = chunks
             .iter()
             .map(|c| self.own(py, c.get(), true))
             .collect::<PyResult<Vec<_>>>()?;
-        self.with(py, |p| ids.into_iter().try_for_each(|id| p.free(id))).py_err(py)
+        self.with(py, |p| p.free_chunks(&ids)).py_err(py)
     }
 
     /// temp_pinned -> allocated: the chunk becomes evictable with its root.
@@ -283,7 +283,7 @@ impl PyPmm {
         let infos = self
             .with(py, |p| {
                 let kids = p.split(id, child_size)?;
-                kids.into_iter().map(|k| p.info(k)).collect::<crate::Result<Vec<_>>>()
+                p.infos(&kids)
             })
             .py_err(py)?;
         self.chunks(py, &infos)

@@ -476,6 +476,11 @@ impl Pmm {
         }
     }
 
+    /// The current state of several chunks.
+    pub fn infos(&self, ids: &[ChunkId]) -> Result<Vec<ChunkInfo>> {
+        ids.iter().map(|&id| self.info(id)).collect()
+    }
+
     /// The current state of a chunk.
     pub fn info(&self, id: ChunkId) -> Result<ChunkInfo> {
         let i = self.resolve(id)?;
@@ -1054,6 +1059,26 @@ impl Pmm {
         let i = self.resolve_for_free(id)?;
         self.free_inner(i, self.config.release_free_roots);
         self.counters.chunk_frees += 1;
+        self.check();
+        Ok(())
+    }
+
+    /// Frees several chunks: all of them, or (if any cannot be freed, or one appears twice)
+    /// none, with nothing changed.
+    pub fn free_chunks(&mut self, ids: &[ChunkId]) -> Result<()> {
+        let mut seen = std::collections::HashSet::with_capacity(ids.len());
+        for &id in ids {
+            self.resolve_for_free(id)?;
+            if !seen.insert(id) {
+                let addr = self.nodes[id.index as usize].addr;
+                return Err(Error::InvalidFree(format!("chunk {addr:#x} appears twice in one free")));
+            }
+        }
+        for &id in ids {
+            let i = self.resolve_for_free(id).expect("checked above");
+            self.free_inner(i, self.config.release_free_roots);
+            self.counters.chunk_frees += 1;
+        }
         self.check();
         Ok(())
     }

@@ -673,3 +673,16 @@ fn fixed_seed_stress() {
     }
     assert_all_free(&p);
 }
+
+#[test]
+fn batch_free_is_all_or_nothing() {
+    let mut p = pmm(4 * M);
+    let a = p.alloc_chunk(64 * K, ChunkType::User, false).unwrap();
+    let b = p.alloc_chunk(64 * K, ChunkType::User, false).unwrap();
+    refused(&mut p, |p| p.free_chunks(&[a, a]), "InvalidFreeError");
+    let c = p.alloc_chunk(4 * K, ChunkType::User, false).unwrap();
+    p.free(c).unwrap();
+    refused(&mut p, |p| p.free_chunks(&[a, b, c]), "InvalidFreeError");
+    p.free_chunks(&[a, b]).unwrap();
+    assert_all_free(&p);
+}
