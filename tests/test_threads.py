@@ -57,6 +57,8 @@ def test_gil_is_released_during_core_work():
     """A thread busy in the core must not stop another Python thread from running."""
     import sys
 
+    import time
+
     p = gpumm.Pmm(vidmem="64GiB")
     started = threading.Event()
     done = threading.Event()
@@ -65,7 +67,7 @@ def test_gil_is_released_during_core_work():
     def python_work():
         started.set()
         while not done.is_set():
-            ticks.append(1)
+            ticks.append(time.perf_counter())
 
     old = sys.getswitchinterval()
     # With a long switch interval the other thread only runs when the GIL is given up on
@@ -75,12 +77,13 @@ def test_gil_is_released_during_core_work():
     try:
         t.start()
         started.wait()
-        before = len(ticks)
-        chunks = p.alloc_chunks(1_000_000, "64KiB")  # one long call into the core
-        during = len(ticks) - before
-        p.free_chunks(chunks)
+        chunks = p.alloc_chunks(1_000_000, "64KiB")
+        t0 = time.perf_counter()
+        p.free_chunks(chunks)  # one long call into the core
+        t1 = time.perf_counter()
     finally:
         done.set()
         sys.setswitchinterval(old)
         t.join()
-    assert during > 0, "no Python thread ran while the core worked: the GIL was held"
+    during = [x for x in ticks if t0 < x < t1]
+    assert during, "no Python thread ran while the core worked: the GIL was held"
