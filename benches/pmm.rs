@@ -25,11 +25,17 @@ fn hopper(vidmem: u64) -> Pmm {
 
 fn pairs(c: &mut Criterion) {
     let mut g = c.benchmark_group("pair");
-    for (name, size, t) in [("64K", 64 * K, ChunkType::User), ("4K", 4 * K, ChunkType::User), ("256B-kernel", 256, ChunkType::Kernel)] {
+    for (name, size, t) in [
+        ("64K", 64 * K, ChunkType::User),
+        ("4K", 4 * K, ChunkType::User),
+        ("256B-kernel", 256, ChunkType::Kernel),
+    ] {
         let mut p = hopper(80 * G);
         // Warm: keep neighbours live so the pair never empties its parent (70 is no multiple
         // of 16 or 32, so the last parent is partly used and its free chunk is the one reused).
-        let _keep: Vec<_> = (0..70).map(|_| p.alloc_chunk(size, t, false).unwrap()).collect();
+        let _keep: Vec<_> = (0..70)
+            .map(|_| p.alloc_chunk(size, t, false).unwrap())
+            .collect();
         g.throughput(Throughput::Elements(1));
         g.bench_function(name, |b| {
             b.iter(|| {
@@ -41,10 +47,14 @@ fn pairs(c: &mut Criterion) {
     // The same pair when it empties its parent: every alloc splits a root into 32 x 64 KiB
     // and every free merges them back (the driver's eager merge at its most expensive).
     let mut p = hopper(80 * G);
-    let _full: Vec<_> = (0..64).map(|_| p.alloc_chunk(64 * K, ChunkType::User, false).unwrap()).collect();
+    let _full: Vec<_> = (0..64)
+        .map(|_| p.alloc_chunk(64 * K, ChunkType::User, false).unwrap())
+        .collect();
     g.bench_function("64K-split+merge", |b| {
         b.iter(|| {
-            let id = p.alloc_chunk(black_box(64 * K), ChunkType::User, false).unwrap();
+            let id = p
+                .alloc_chunk(black_box(64 * K), ChunkType::User, false)
+                .unwrap();
             p.free(black_box(id)).unwrap();
         })
     });

@@ -50,7 +50,9 @@ pub fn parse_size(text: &str) -> Result<u64> {
     } else {
         int_part.parse().map_err(|_| bad("number too large"))?
     };
-    let whole = int.checked_mul(mult).ok_or_else(|| bad("number too large"))?;
+    let whole = int
+        .checked_mul(mult)
+        .ok_or_else(|| bad("number too large"))?;
     if frac_part.is_empty() {
         return Ok(whole);
     }
@@ -104,7 +106,16 @@ mod tests {
 
     #[test]
     fn rejects_bad_text() {
-        for bad in ["", "-1", "KiB", "1.2.3", "1.1B", "12XB", "99999999999999999999", "1e9"] {
+        for bad in [
+            "",
+            "-1",
+            "KiB",
+            "1.2.3",
+            "1.1B",
+            "12XB",
+            "99999999999999999999",
+            "1e9",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad:?} accepted");
         }
         assert!(parse_size("20000000TiB").is_err());

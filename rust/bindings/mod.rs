@@ -17,9 +17,7 @@ use crate::units;
 // Errors: one conversion, to the classes defined in python/gpumm/errors.py.
 
 fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
-    let class = py
-        .import("gpumm.errors")
-        .and_then(|m| m.getattr(e.kind()));
+    let class = py.import("gpumm.errors").and_then(|m| m.getattr(e.kind()));
     match class {
         Ok(cls) => match cls.call1((e.message(),)) {
             Ok(exc) => PyErr::from_value(exc),
@@ -45,14 +43,19 @@ impl<T> IntoPy<T> for crate::error::Result<T> {
 /// A size given as a non-negative int or a string like "64KiB".
 fn size_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if obj.is_instance_of::<PyBool>() {
-        return Err(PyTypeError::new_err(format!("{what} must be an int or a size string, not bool")));
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int or a size string, not bool"
+        )));
     }
     if obj.is_instance_of::<PyInt>() {
-        let v: i128 = obj.extract().map_err(|_| {
-            to_pyerr(py, Error::InvalidSize(format!("{what} is too large")))
-        })?;
+        let v: i128 = obj
+            .extract()
+            .map_err(|_| to_pyerr(py, Error::InvalidSize(format!("{what} is too large"))))?;
         if v < 0 {
-            return Err(to_pyerr(py, Error::InvalidSize(format!("{what} must not be negative, got {v}"))));
+            return Err(to_pyerr(
+                py,
+                Error::InvalidSize(format!("{what} must not be negative, got {v}")),
+            ));
         }
         return u64::try_from(v)
             .map_err(|_| to_pyerr(py, Error::InvalidSize(format!("{what} {v} is too large"))));
@@ -148,7 +151,11 @@ impl PyPmm {
     fn own(&self, py: Python<'_>, chunk: &PyChunk, free: bool) -> PyResult<ChunkId> {
         if chunk.pmm_id != self.id {
             let msg = format!("chunk {:#x} belongs to another Pmm", chunk.address);
-            let e = if free { Error::InvalidFree(msg) } else { Error::InvalidHandle(msg) };
+            let e = if free {
+                Error::InvalidFree(msg)
+            } else {
+                Error::InvalidHandle(msg)
+            };
             return Err(to_pyerr(py, e));
         }
         Ok(chunk.id)
@@ -192,7 +199,10 @@ impl PyPmm {
         config.release_free_roots = release_free_roots;
         config.check = check;
         let core = py.detach(|| pmm::Pmm::new(config)).py_err(py)?;
-        Ok(PyPmm { inner: Arc::new(Mutex::new(core)), id: NEXT_PMM_ID.fetch_add(1, Ordering::Relaxed) })
+        Ok(PyPmm {
+            inner: Arc::new(Mutex::new(core)),
+            id: NEXT_PMM_ID.fetch_add(1, Ordering::Relaxed),
+        })
     }
 
     /// Vidmem managed, in bytes.
@@ -218,11 +228,19 @@ impl PyPmm {
 
     /// Allocates one chunk of `size` bytes (a size in the type's mask).
     #[pyo3(signature = (size, r#type = "user", *, evict = false))]
-    fn alloc_chunk(&self, py: Python<'_>, size: &Bound<'_, PyAny>, r#type: &str, evict: bool) -> PyResult<PyChunk> {
+    fn alloc_chunk(
+        &self,
+        py: Python<'_>,
+        size: &Bound<'_, PyAny>,
+        r#type: &str,
+        evict: bool,
+    ) -> PyResult<PyChunk> {
         let size = size_arg(py, size, "size")?;
         let t = chunk_type_arg(py, r#type)?;
         let info = self
-            .with(py, |p| p.alloc_chunk(size, t, evict).and_then(|id| p.info(id)))
+            .with(py, |p| {
+                p.alloc_chunk(size, t, evict).and_then(|id| p.info(id))
+            })
             .py_err(py)?;
         Ok(self.chunk(&info))
     }
@@ -279,7 +297,9 @@ impl PyPmm {
         child_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<Py<PyChunk>>> {
         let id = self.own(py, chunk.get(), false)?;
-        let child_size = child_size.map(|c| size_arg(py, c, "child_size")).transpose()?;
+        let child_size = child_size
+            .map(|c| size_arg(py, c, "child_size"))
+            .transpose()?;
         let infos = self
             .with(py, |p| {
                 let kids = p.split(id, child_size)?;
@@ -356,7 +376,11 @@ impl PyPmm {
     /// Counters as a dict (cheap: no walk of the trees).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (s, user, kernel) = self.with(py, |p| {
-            (p.stats(), p.size_mask(ChunkType::User).sizes(), p.size_mask(ChunkType::Kernel).sizes())
+            (
+                p.stats(),
+                p.size_mask(ChunkType::User).sizes(),
+                p.size_mask(ChunkType::Kernel).sizes(),
+            )
         });
         stats_dict(py, &s, &user, &kernel)
     }
@@ -464,7 +488,11 @@ impl PyChunk {
     /// Whether the chunk's memory is known to be zero.
     #[getter]
     fn is_zero(&self) -> bool {
-        self.pmm.lock().info(self.id).map(|i| i.is_zero).unwrap_or(false)
+        self.pmm
+            .lock()
+            .info(self.id)
+            .map(|i| i.is_zero)
+            .unwrap_or(false)
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {

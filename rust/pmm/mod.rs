@@ -149,7 +149,8 @@ pub enum RootList {
 pub const NUM_ROOT_LISTS: usize = 3;
 
 impl RootList {
-    pub const ALL: [RootList; NUM_ROOT_LISTS] = [RootList::Unused, RootList::Discarded, RootList::Used];
+    pub const ALL: [RootList; NUM_ROOT_LISTS] =
+        [RootList::Unused, RootList::Discarded, RootList::Used];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -172,8 +173,7 @@ impl SizeMask {
         let mut bits = 0u32;
         for &size in sizes {
             if !size.is_power_of_two()
-                || size < (1 << MIN_CHUNK_SHIFT)
-                || size > ROOT_CHUNK_SIZE
+                || !((1 << MIN_CHUNK_SHIFT)..=ROOT_CHUNK_SIZE).contains(&size)
             {
                 return Err(Error::InvalidSize(format!(
                     "chunk size {size} is not a power of two from 256 B to 2 MiB"
@@ -257,7 +257,10 @@ impl ChunkId {
     }
 
     pub fn from_bits(bits: u64) -> Self {
-        ChunkId { index: bits as u32, generation: (bits >> 32) as u32 }
+        ChunkId {
+            index: bits as u32,
+            generation: (bits >> 32) as u32,
+        }
     }
 }
 
@@ -351,7 +354,11 @@ struct ListHead {
 }
 
 impl ListHead {
-    const EMPTY: ListHead = ListHead { head: NIL, tail: NIL, len: 0 };
+    const EMPTY: ListHead = ListHead {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
 }
 
 /// Lifetime counters (monotonic).
@@ -393,7 +400,8 @@ fn order_of(shift: u32) -> usize {
 
 impl Pmm {
     pub fn new(config: PmmConfig) -> Result<Self> {
-        if config.vidmem == 0 || config.vidmem % ROOT_CHUNK_SIZE != 0 || config.vidmem > MAX_VIDMEM {
+        if config.vidmem == 0 || config.vidmem % ROOT_CHUNK_SIZE != 0 || config.vidmem > MAX_VIDMEM
+        {
             return Err(Error::InvalidSize(format!(
                 "vidmem must be a non-zero multiple of 2 MiB up to 1 TiB, got {} bytes",
                 config.vidmem
@@ -408,7 +416,14 @@ impl Pmm {
             n.live = true;
             nodes.push(n);
         }
-        let roots = vec![Root { prev: NIL, next: NIL, ..Root::default() }; num_roots as usize];
+        let roots = vec![
+            Root {
+                prev: NIL,
+                next: NIL,
+                ..Root::default()
+            };
+            num_roots as usize
+        ];
         Ok(Pmm {
             config,
             nodes,
@@ -446,8 +461,15 @@ impl Pmm {
     fn resolve(&self, id: ChunkId) -> Result<u32> {
         let i = id.index;
         match self.nodes.get(i as usize) {
-            Some(n) if n.live && n.generation == id.generation && n.state != ChunkState::PmaOwned => Ok(i),
-            Some(n) if n.generation == id.generation && (!n.live || n.state == ChunkState::PmaOwned) => {
+            Some(n)
+                if n.live && n.generation == id.generation && n.state != ChunkState::PmaOwned =>
+            {
+                Ok(i)
+            }
+            Some(n)
+                if n.generation == id.generation
+                    && (!n.live || n.state == ChunkState::PmaOwned) =>
+            {
                 Err(Error::InvalidHandle(format!(
                     "chunk {:#x} no longer exists: it was freed and merged into its parent",
                     n.addr
@@ -456,12 +478,18 @@ impl Pmm {
             Some(_) => Err(Error::InvalidHandle(
                 "stale chunk handle: the chunk was freed and its memory reused".into(),
             )),
-            None => Err(Error::InvalidHandle(format!("unknown chunk id {}", id.to_bits()))),
+            None => Err(Error::InvalidHandle(format!(
+                "unknown chunk id {}",
+                id.to_bits()
+            ))),
         }
     }
 
     fn id_of(&self, i: u32) -> ChunkId {
-        ChunkId { index: i, generation: self.nodes[i as usize].generation }
+        ChunkId {
+            index: i,
+            generation: self.nodes[i as usize].generation,
+        }
     }
 
     fn info_of(&self, i: u32) -> ChunkInfo {
@@ -497,7 +525,11 @@ impl Pmm {
 
     fn list_key(&self, i: u32) -> (usize, usize, usize) {
         let n = &self.nodes[i as usize];
-        (n.ctype as usize, order_of(n.shift as u32), n.is_zero as usize)
+        (
+            n.ctype as usize,
+            order_of(n.shift as u32),
+            n.is_zero as usize,
+        )
     }
 
     fn link(&mut self, i: u32) {
@@ -528,7 +560,10 @@ impl Pmm {
         let (prev, next) = {
             let n = &mut self.nodes[i as usize];
             n.linked = false;
-            (std::mem::replace(&mut n.prev, NIL), std::mem::replace(&mut n.next, NIL))
+            (
+                std::mem::replace(&mut n.prev, NIL),
+                std::mem::replace(&mut n.next, NIL),
+            )
         };
         if prev != NIL {
             self.nodes[prev as usize].next = next;
@@ -570,10 +605,15 @@ impl Pmm {
     // Root LRU lists (intrusive, doubly linked through `roots`)
 
     fn root_list_remove(&mut self, r: u32) {
-        let Some(list) = self.roots[r as usize].list.take() else { return };
+        let Some(list) = self.roots[r as usize].list.take() else {
+            return;
+        };
         let (prev, next) = {
             let root = &mut self.roots[r as usize];
-            (std::mem::replace(&mut root.prev, NIL), std::mem::replace(&mut root.next, NIL))
+            (
+                std::mem::replace(&mut root.prev, NIL),
+                std::mem::replace(&mut root.next, NIL),
+            )
         };
         let l = list as usize;
         if prev != NIL {
@@ -871,7 +911,11 @@ impl Pmm {
                 "{} chunks come in {}; {} is not one of them",
                 ctype.name(),
                 sizes.join(", "),
-                if size == 0 { "0 B".to_string() } else { format!("{size} B") }
+                if size == 0 {
+                    "0 B".to_string()
+                } else {
+                    format!("{size} B")
+                }
             )));
         }
         Ok(size.trailing_zeros())
@@ -923,7 +967,9 @@ impl Pmm {
         for s in shift..=ROOT_CHUNK_SHIFT {
             let o = order_of(s);
             let per = 1u64 << (s - shift);
-            n = n.saturating_add((self.free_lists[t][o][0].len + self.free_lists[t][o][1].len) * per);
+            n = n.saturating_add(
+                (self.free_lists[t][o][0].len + self.free_lists[t][o][1].len) * per,
+            );
         }
         let per_root = 1u64 << (ROOT_CHUNK_SHIFT - shift);
         let other = &self.free_lists[ctype.other() as usize][order_of(ROOT_CHUNK_SHIFT)];
@@ -945,7 +991,9 @@ impl Pmm {
                 while let Some(i) = stack.pop() {
                     let n = &self.nodes[i as usize];
                     match n.state {
-                        ChunkState::IsSplit => stack.extend(n.first_child..n.first_child + n.num_children()),
+                        ChunkState::IsSplit => {
+                            stack.extend(n.first_child..n.first_child + n.num_children())
+                        }
                         ChunkState::Free if n.shift as u32 >= shift => counted += n.size(),
                         _ => {}
                     }
@@ -1007,7 +1055,8 @@ impl Pmm {
             // Evict first, while every candidate is still evictable: once the batch holds
             // pinned chunks in a root, that root can no longer be evicted.
             while available < count64 {
-                self.evict_for_allocation().expect("eviction capacity was checked");
+                self.evict_for_allocation()
+                    .expect("eviction capacity was checked");
                 available = self.capacity_for(ctype, shift);
             }
         }
@@ -1071,7 +1120,9 @@ impl Pmm {
             self.resolve_for_free(id)?;
             if !seen.insert(id) {
                 let addr = self.nodes[id.index as usize].addr;
-                return Err(Error::InvalidFree(format!("chunk {addr:#x} appears twice in one free")));
+                return Err(Error::InvalidFree(format!(
+                    "chunk {addr:#x} appears twice in one free"
+                )));
             }
         }
         for &id in ids {
@@ -1095,7 +1146,10 @@ impl Pmm {
         let n = &self.nodes[i as usize];
         match n.state {
             ChunkState::TempPinned | ChunkState::Allocated => Ok(i),
-            ChunkState::Free => Err(Error::InvalidFree(format!("double free of chunk {:#x}", n.addr))),
+            ChunkState::Free => Err(Error::InvalidFree(format!(
+                "double free of chunk {:#x}",
+                n.addr
+            ))),
             ChunkState::IsSplit => Err(Error::InvalidFree(format!(
                 "chunk {:#x} is split: free its children, or merge it first",
                 n.addr
@@ -1283,7 +1337,9 @@ impl Pmm {
         while let Some(i) = stack.pop() {
             let n = &self.nodes[i as usize];
             match n.state {
-                ChunkState::IsSplit => stack.extend((n.first_child..n.first_child + n.num_children()).rev()),
+                ChunkState::IsSplit => {
+                    stack.extend((n.first_child..n.first_child + n.num_children()).rev())
+                }
                 ChunkState::Allocated | ChunkState::TempPinned => chunks.push(self.info_of(i)),
                 ChunkState::Free | ChunkState::PmaOwned => {}
             }
@@ -1292,7 +1348,11 @@ impl Pmm {
             }
         }
         chunks.sort_by_key(|c| c.addr);
-        Some(Eviction { root_index: r, root_addr: self.nodes[r as usize].addr, chunks })
+        Some(Eviction {
+            root_index: r,
+            root_addr: self.nodes[r as usize].addr,
+            chunks,
+        })
     }
 
     /// Starts evicting a root: a free USER root first, else the head of the first non-empty
@@ -1301,7 +1361,10 @@ impl Pmm {
     /// allocated chunks are returned for the caller to move, then [`Pmm::end_eviction`].
     pub fn begin_eviction(&mut self) -> Result<Eviction> {
         let ev = self.begin_eviction_inner(true).ok_or_else(|| {
-            Error::OutOfMemory("no root chunk can be evicted: every user root is pinned, kernel, or in eviction".into())
+            Error::OutOfMemory(
+                "no root chunk can be evicted: every user root is pinned, kernel, or in eviction"
+                    .into(),
+            )
         })?;
         self.check();
         Ok(ev)
@@ -1313,7 +1376,9 @@ impl Pmm {
         while let Some(i) = stack.pop() {
             let n = &self.nodes[i as usize];
             match n.state {
-                ChunkState::IsSplit => stack.extend(n.first_child..n.first_child + n.num_children()),
+                ChunkState::IsSplit => {
+                    stack.extend(n.first_child..n.first_child + n.num_children())
+                }
                 ChunkState::Allocated | ChunkState::TempPinned => leaves.push(i),
                 _ => {}
             }
@@ -1334,7 +1399,9 @@ impl Pmm {
         match self.roots.get(root_index as usize) {
             Some(root) if root.in_eviction => {}
             _ => {
-                return Err(Error::InvalidState(format!("root {root_index} is not being evicted")))
+                return Err(Error::InvalidState(format!(
+                    "root {root_index} is not being evicted"
+                )))
             }
         }
         self.end_eviction_inner(root_index);
@@ -1371,7 +1438,9 @@ impl Pmm {
             while let Some(i) = stack.pop() {
                 let n = &self.nodes[i as usize];
                 match n.state {
-                    ChunkState::IsSplit => stack.extend((n.first_child..n.first_child + n.num_children()).rev()),
+                    ChunkState::IsSplit => {
+                        stack.extend((n.first_child..n.first_child + n.num_children()).rev())
+                    }
                     s if s.is_allocated() => out.push(self.info_of(i)),
                     _ => {}
                 }

@@ -5,6 +5,7 @@ use super::*;
 
 impl Pmm {
     /// Checks every invariant; `Err` names the first one broken.
+    #[allow(clippy::needless_range_loop)] // [type][order][zero] indices name the list in errors
     pub fn validate(&self) -> std::result::Result<(), String> {
         let mut counts = [[[0u64; NUM_STATES]; NUM_ORDERS]; NUM_TYPES];
         let mut linked = [[[0u64; 2]; NUM_ORDERS]; NUM_TYPES];
@@ -19,20 +20,28 @@ impl Pmm {
             let node = &self.nodes[r as usize];
             let root = &self.roots[r as usize];
             if node.addr != r as u64 * ROOT_CHUNK_SIZE || node.shift as u32 != ROOT_CHUNK_SHIFT {
-                return Err(format!("root {r} has address {:#x} and shift {}", node.addr, node.shift));
+                return Err(format!(
+                    "root {r} has address {:#x} and shift {}",
+                    node.addr, node.shift
+                ));
             }
             if node.parent != NIL || !node.live {
                 return Err(format!("root {r} has a parent or is not live"));
             }
             if (node.state == ChunkState::PmaOwned) != unowned.contains(&r) {
-                return Err(format!("root {r} is {} but unowned set says otherwise", node.state.name()));
+                return Err(format!(
+                    "root {r} is {} but unowned set says otherwise",
+                    node.state.name()
+                ));
             }
             if root.in_eviction {
                 in_eviction += 1;
             }
             if node.state == ChunkState::PmaOwned {
                 if root.list.is_some() || root.pinned != 0 || root.in_eviction || node.linked {
-                    return Err(format!("device-owned root {r} is on a list, pinned or in eviction"));
+                    return Err(format!(
+                        "device-owned root {r} is on a list, pinned or in eviction"
+                    ));
                 }
                 live_nodes += 1; // root slots stay live while the device owns them
                 continue;
@@ -44,16 +53,28 @@ impl Pmm {
                 let n = &self.nodes[i as usize];
                 let size = n.size();
                 if !n.live {
-                    return Err(format!("chunk {:#x} is reachable but its slot is vacant", n.addr));
+                    return Err(format!(
+                        "chunk {:#x} is reachable but its slot is vacant",
+                        n.addr
+                    ));
                 }
                 if n.addr % size != 0 {
-                    return Err(format!("chunk {:#x} is not aligned to its size {size}", n.addr));
+                    return Err(format!(
+                        "chunk {:#x} is not aligned to its size {size}",
+                        n.addr
+                    ));
                 }
                 if !self.size_mask(n.ctype).contains(size) {
-                    return Err(format!("chunk {:#x} has size {size}, not in its type's mask", n.addr));
+                    return Err(format!(
+                        "chunk {:#x} has size {size}, not in its type's mask",
+                        n.addr
+                    ));
                 }
                 if (n.addr >> ROOT_CHUNK_SHIFT) as u32 != r || n.ctype != node.ctype {
-                    return Err(format!("chunk {:#x} is outside its root or of another type", n.addr));
+                    return Err(format!(
+                        "chunk {:#x} is outside its root or of another type",
+                        n.addr
+                    ));
                 }
                 counts[n.ctype as usize][order_of(n.shift as u32)][n.state as usize] += 1;
                 let should_link = n.state == ChunkState::Free && !root.in_eviction;
@@ -77,15 +98,23 @@ impl Pmm {
                         let child_shift = self
                             .size_mask(n.ctype)
                             .child_shift(n.shift as u32)
-                            .ok_or_else(|| format!("chunk {:#x} of the smallest size is split", n.addr))?;
+                            .ok_or_else(|| {
+                                format!("chunk {:#x} of the smallest size is split", n.addr)
+                            })?;
                         if n.children_log2 as u32 != n.shift as u32 - child_shift {
-                            return Err(format!("chunk {:#x} has the wrong number of children", n.addr));
+                            return Err(format!(
+                                "chunk {:#x} has the wrong number of children",
+                                n.addr
+                            ));
                         }
                         let mut allocated = 0u32;
                         for k in 0..n.num_children() {
                             let c = &self.nodes[(n.first_child + k) as usize];
                             if c.parent != i || c.shift as u32 != child_shift {
-                                return Err(format!("child {k} of {:#x} has the wrong parent or size", n.addr));
+                                return Err(format!(
+                                    "child {k} of {:#x} has the wrong parent or size",
+                                    n.addr
+                                ));
                             }
                             if c.addr != n.addr + ((k as u64) << child_shift) {
                                 return Err(format!(
@@ -117,7 +146,10 @@ impl Pmm {
                 }
             }
             if pinned != root.pinned {
-                return Err(format!("root {r} counts {} pinned chunks, found {pinned}", root.pinned));
+                return Err(format!(
+                    "root {r} counts {} pinned chunks, found {pinned}",
+                    root.pinned
+                ));
             }
             pinned_total += pinned as u64;
             if root.list.is_some() != self.root_evictable(r) {
@@ -143,11 +175,16 @@ impl Pmm {
                     while i != NIL {
                         let node = &self.nodes[i as usize];
                         if !node.linked || node.prev != prev || self.list_key(i) != (t, o, z) {
-                            return Err(format!("free list [{t}][{o}][{z}] is corrupt at {:#x}", node.addr));
+                            return Err(format!(
+                                "free list [{t}][{o}][{z}] is corrupt at {:#x}",
+                                node.addr
+                            ));
                         }
                         n += 1;
                         if n > l.len {
-                            return Err(format!("free list [{t}][{o}][{z}] is longer than its count"));
+                            return Err(format!(
+                                "free list [{t}][{o}][{z}] is longer than its count"
+                            ));
                         }
                         prev = i;
                         i = node.next;
@@ -184,7 +221,10 @@ impl Pmm {
         // No slot leaks: every live slot is reachable, every vacant run is vacant.
         let live_slots = self.nodes.iter().filter(|n| n.live).count();
         if live_slots != live_nodes {
-            return Err(format!("{} live chunk slots but {live_nodes} reachable: a chunk leaked", live_slots));
+            return Err(format!(
+                "{} live chunk slots but {live_nodes} reachable: a chunk leaked",
+                live_slots
+            ));
         }
         for (log2, runs) in self.vacant_runs.iter().enumerate() {
             for &first in runs {
