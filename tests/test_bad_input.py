@@ -105,8 +105,12 @@ def test_illegal_state_transitions(busy):
 
 
 def test_bad_constructor_arguments():
-    with pytest.raises(gpumm.InvalidSizeError):
-        gpumm.Pmm(vidmem="3MiB")
+    with pytest.raises(gpumm.InvalidSizeError, match="less than one"):
+        gpumm.Pmm(vidmem="1MiB")
+    with pytest.raises(gpumm.InvalidSizeError, match="negative"):
+        gpumm.Pmm(vidmem=-2 * 1024 * 1024)
+    with pytest.raises(gpumm.InvalidSizeError, match="multiple of 2 MiB"):
+        gpumm._core.Pmm("3MiB", [2 * 1024 * 1024], [2 * 1024 * 1024])
     with pytest.raises(gpumm.InvalidSizeError):
         gpumm.Pmm(vidmem=0)
     with pytest.raises(gpumm.InvalidSizeError):

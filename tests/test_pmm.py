@@ -24,6 +24,8 @@ def test_constructor_reads_the_architecture_table():
     assert h.kernel_sizes == [256, 4 * KiB, 64 * KiB, 2 * MiB]
     big = gpumm.Pmm(vidmem="1TiB")
     assert big.num_roots == 512 * 1024
+    decimal = gpumm.Pmm(vidmem="80GB")  # whole root chunks only
+    assert decimal.num_roots == 80_000_000_000 // (2 * MiB)
 
 
 @pytest.mark.parametrize("arch", list(gpumm.arch.ARCHES))

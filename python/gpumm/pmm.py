@@ -6,7 +6,10 @@ from typing import Optional, Union
 
 from gpumm import _core
 from gpumm.arch import Arch, Device, arch_of, get_device
-from gpumm.units import SizeLike
+from gpumm.errors import InvalidSizeError
+from gpumm.units import SizeLike, parse_size
+
+ROOT_CHUNK_SIZE = _core.ROOT_CHUNK_SIZE
 
 __all__ = ["Pmm"]
 
@@ -26,7 +29,8 @@ class Pmm(_core.Pmm):
 
     Args:
         arch: an architecture name or :class:`gpumm.arch.Arch` (ignored if ``device`` is given).
-        vidmem: capacity, an int or a string like ``"80GiB"`` (default: the device's, else 8 GiB).
+        vidmem: capacity, an int or a string like ``"80GiB"`` (default: the device's, else 8 GiB),
+            rounded down to whole 2 MiB root chunks.
         device: a device preset name or :class:`gpumm.arch.Device`.
         release_free_roots: after a free that empties a root chunk, give it back to the device.
         check: run ``validate()`` after every operation (slow; for tests).
@@ -50,9 +54,14 @@ class Pmm(_core.Pmm):
             a = arch_of(arch)
         if vidmem is None:
             vidmem = "8GiB"
+        nbytes = parse_size(vidmem)
+        # The PMM manages whole root chunks: "80GB" (decimal) keeps its 38146 whole 2 MiB roots.
+        whole = nbytes - nbytes % ROOT_CHUNK_SIZE
+        if nbytes > 0 and whole == 0:
+            raise InvalidSizeError(f"vidmem {nbytes} B is less than one 2 MiB root chunk")
         self = super().__new__(
             cls,
-            vidmem,
+            whole,
             a.user_chunk_sizes,
             a.kernel_chunk_sizes,
             release_free_roots=release_free_roots,
