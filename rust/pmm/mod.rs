@@ -458,31 +458,38 @@ impl Pmm {
     // ----------------------------------------------------------------------------------
     // Handles
 
-    fn resolve(&self, id: ChunkId) -> Result<u32> {
+    /// Resolves a handle to its node slot. On failure, returns the error a lookup gives and
+    /// whether the handle names a chunk that was freed and merged away (a double free, when
+    /// the caller is freeing).
+    fn lookup(&self, id: ChunkId) -> std::result::Result<u32, (Error, bool)> {
         let i = id.index;
-        match self.nodes.get(i as usize) {
-            Some(n)
-                if n.live && n.generation == id.generation && n.state != ChunkState::PmaOwned =>
-            {
-                Ok(i)
-            }
-            Some(n)
-                if n.generation == id.generation
-                    && (!n.live || n.state == ChunkState::PmaOwned) =>
-            {
-                Err(Error::InvalidHandle(format!(
+        let Some(n) = self.nodes.get(i as usize) else {
+            return Err((
+                Error::InvalidHandle(format!("unknown chunk id {}", id.to_bits())),
+                false,
+            ));
+        };
+        let gone = !n.live || n.state == ChunkState::PmaOwned;
+        match (n.generation == id.generation, gone) {
+            (true, false) => Ok(i),
+            (true, true) => Err((
+                Error::InvalidHandle(format!(
                     "chunk {:#x} no longer exists: it was freed and merged into its parent",
                     n.addr
-                )))
-            }
-            Some(_) => Err(Error::InvalidHandle(
-                "stale chunk handle: the chunk was freed and its memory reused".into(),
+                )),
+                true,
             )),
-            None => Err(Error::InvalidHandle(format!(
-                "unknown chunk id {}",
-                id.to_bits()
-            ))),
+            (false, _) => Err((
+                Error::InvalidHandle(
+                    "stale chunk handle: the chunk was freed and its memory reused".into(),
+                ),
+                false,
+            )),
         }
+    }
+
+    fn resolve(&self, id: ChunkId) -> Result<u32> {
+        self.lookup(id).map_err(|(e, _)| e)
     }
 
     fn id_of(&self, i: u32) -> ChunkId {
@@ -1135,13 +1142,12 @@ impl Pmm {
     }
 
     fn resolve_for_free(&self, id: ChunkId) -> Result<u32> {
-        let i = match self.resolve(id) {
+        let i = match self.lookup(id) {
             Ok(i) => i,
-            Err(Error::InvalidHandle(m)) if m.contains("merged") => {
-                return Err(Error::InvalidFree(format!("double free: {m}")))
+            Err((e, true)) => {
+                return Err(Error::InvalidFree(format!("double free: {}", e.message())))
             }
-            Err(Error::InvalidHandle(m)) => return Err(Error::InvalidFree(m)),
-            Err(e) => return Err(e),
+            Err((e, false)) => return Err(Error::InvalidFree(e.message().to_string())),
         };
         let n = &self.nodes[i as usize];
         match n.state {
