@@ -15,6 +15,7 @@ __all__ = [
     "InvalidStateError",
     "InvalidHandleError",
     "InvalidArgumentError",
+    "TraceFormatError",
 ]
 
 
@@ -44,3 +45,8 @@ class InvalidHandleError(GpummError, ValueError):
 
 class InvalidArgumentError(GpummError, ValueError):
     """Any other argument out of range or unknown (an architecture name, a chunk type...)."""
+
+
+class TraceFormatError(GpummError, ValueError):
+    """A trace file that is truncated, corrupt or not of the format asked for. The message
+    names the file and the line or entry."""

@@ -1,0 +1,116 @@
+"""Reader of RMM log CSV files (``rmm::mr::logging_resource_adaptor``).
+
+Layout: a header ``Thread,Time,Action,Pointer,Size,Stream``, then one line per event; Time is
+``HH:MM:SS.ffffff``; Action is ``allocate``, ``free`` or ``allocate failure``; Pointer and
+Stream are hex. Files may be gzip-compressed. Any malformed line raises
+:class:`gpumm.errors.TraceFormatError` naming the file and line; nothing is half-read.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import os
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Tuple, Union
+
+from gpumm.errors import TraceFormatError
+
+__all__ = ["Event", "Trace", "read_rmm_csv"]
+
+HEADER = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"]
+ACTIONS = ("allocate", "free", "allocate failure")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One allocator event: ``action`` is "alloc", "free" or "alloc_failed"."""
+
+    action: str
+    ptr: int
+    size: int
+    stream: int
+    time_us: int
+    thread: int
+
+
+@dataclass
+class Trace:
+    """Events in file order, with where they came from."""
+
+    events: List[Event]
+    source: str
+
+    @property
+    def num_allocs(self) -> int:
+        return sum(1 for e in self.events if e.action == "alloc")
+
+    def peak_live(self) -> int:
+        """The largest sum of live requested sizes over the trace. Frees of pointers not
+        allocated in the trace (allocated before recording began) are ignored."""
+        live: Dict[int, int] = {}
+        cur = peak = 0
+        for e in self.events:
+            if e.action == "alloc":
+                live[e.ptr] = e.size
+                cur += e.size
+                peak = max(peak, cur)
+            elif e.action == "free":
+                cur -= live.pop(e.ptr, 0)
+        return peak
+
+
+def _time_us(text: str) -> int:
+    hms, _, frac = text.partition(".")
+    h, m, s = hms.split(":")
+    if not (frac.isdigit() and len(frac) <= 9) and frac:
+        raise ValueError(f"bad time {text!r}")
+    return ((int(h) * 60 + int(m)) * 60 + int(s)) * 1_000_000 + int((frac + "000000")[:6] or 0)
+
+
+def _open_text(path: Union[str, "os.PathLike[str]"]) -> io.TextIOBase:
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")  # noqa: SIM115
+
+
+def _rows(path: Union[str, "os.PathLike[str]"]) -> Iterator[Tuple[int, List[str]]]:
+    name = os.fspath(path)
+    try:
+        with _open_text(path) as f:
+            reader = csv.reader(f)
+            for row in reader:
+                yield reader.line_num, row
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error, gzip.BadGzipFile) as e:
+        raise TraceFormatError(f"{name}: cannot read as an RMM log ({type(e).__name__}: {e})") from None
+
+
+def read_rmm_csv(path: Union[str, "os.PathLike[str]"]) -> Trace:
+    """Reads an RMM log CSV (plain or gzip) into a :class:`Trace`."""
+    name = os.fspath(path)
+    events: List[Event] = []
+    rows = _rows(path)
+    first = next(rows, None)
+    if first is None or [c.strip() for c in first[1]] != HEADER:
+        raise TraceFormatError(f"{name}: line 1: expected the header {','.join(HEADER)}")
+    action_names = {"allocate": "alloc", "free": "free", "allocate failure": "alloc_failed"}
+    for line, row in rows:
+        if not row:
+            continue
+        if len(row) != len(HEADER):
+            raise TraceFormatError(f"{name}: line {line}: expected 6 fields, got {len(row)}")
+        thread, time, action, ptr, size, stream = (c.strip() for c in row)
+        if action not in action_names:
+            raise TraceFormatError(f"{name}: line {line}: unknown action {action!r}; expected one of {ACTIONS}")
+        try:
+            ev = Event(action_names[action], int(ptr, 16), int(size), int(stream, 16),
+                       _time_us(time), int(thread))
+        except ValueError as e:
+            raise TraceFormatError(f"{name}: line {line}: {e}") from None
+        if ev.size < 0 or ev.ptr < 0:
+            raise TraceFormatError(f"{name}: line {line}: negative size or pointer")
+        events.append(ev)
+    return Trace(events, name)
