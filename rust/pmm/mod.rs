@@ -765,19 +765,9 @@ impl Pmm {
                 self.pinned_total += 1;
             }
         }
-        // The parent leaves its own state; its `allocated` is set after, from the children.
-        let parent_state = self.nodes[i as usize].state;
-        if parent_state == ChunkState::TempPinned {
-            // Its pin passes to the children (counted above).
-            let r = self.root_of(i);
-            self.roots[r as usize].pinned -= 1;
-            self.pinned_total -= 1;
-            self.count(i, -1);
-            self.nodes[i as usize].state = ChunkState::IsSplit;
-            self.count(i, 1);
-        } else {
-            self.set_state(i, ChunkState::IsSplit);
-        }
+        // The parent's pin, if any, passes to the children (counted above); `set_state`
+        // drops it. Its `allocated` is set just after, from the children.
+        self.set_state(i, ChunkState::IsSplit);
         {
             let n = &mut self.nodes[i as usize];
             n.first_child = first;
@@ -820,24 +810,10 @@ impl Pmm {
             n.children_log2 = 0;
             n.allocated = 0;
         }
-        if state == ChunkState::TempPinned {
-            let r = self.root_of(i);
-            self.roots[r as usize].pinned += 1;
-            self.pinned_total += 1;
-        }
-        // IsSplit -> state; the parent's own parent sees a change only if `state` is Free.
-        self.set_state_after_merge(i, state);
+        // IsSplit -> state: a pin comes back to the parent; its own parent sees a change
+        // only if `state` is Free.
+        self.set_state(i, state);
         self.counters.merges += 1;
-    }
-
-    fn set_state_after_merge(&mut self, i: u32, state: ChunkState) {
-        self.count(i, -1);
-        self.nodes[i as usize].state = state;
-        self.count(i, 1);
-        let parent = self.nodes[i as usize].parent;
-        if parent != NIL && state == ChunkState::Free {
-            self.nodes[parent as usize].allocated -= 1;
-        }
     }
 
     // ----------------------------------------------------------------------------------
