@@ -62,11 +62,12 @@ class Trace:
 
 
 def _time_us(text: str) -> int:
+    """``HH:MM:SS[.ffffff]`` to microseconds."""
     hms, _, frac = text.partition(".")
     h, m, s = hms.split(":")
-    if not (frac.isdigit() and len(frac) <= 9) and frac:
+    if frac and not frac.isdigit():
         raise ValueError(f"bad time {text!r}")
-    return ((int(h) * 60 + int(m)) * 60 + int(s)) * 1_000_000 + int((frac + "000000")[:6] or 0)
+    return ((int(h) * 60 + int(m)) * 60 + int(s)) * 1_000_000 + int(frac.ljust(6, "0")[:6] or 0)
 
 
 def _open_text(path: Union[str, "os.PathLike[str]"]) -> io.TextIOBase:
