@@ -2,6 +2,8 @@
 //! UVM driver. The core is free of PyO3; the Python glue lives in `bindings`, behind the
 //! default `python` feature, so `cargo test --no-default-features` tests the allocator alone.
 
+pub mod alloc;
+pub mod backend;
 pub mod error;
 pub mod pmm;
 pub mod units;

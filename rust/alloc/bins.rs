@@ -1,0 +1,283 @@
+//! Size classes and binned free lists: the O(1) "good fit" index under the block allocator,
+//! the page-run allocator and the virtual-range allocator, and the latency histogram.
+//!
+//! A size is a count of units (256 B granules for blocks, pages for runs). Bins are laid out
+//! like a small float with a 3-bit mantissa: counts 0..8 have a bin each; above that every
+//! power of two is cut in 8 equal steps. So a bin's lower bound is within 12.5 % of every
+//! size in it, and `u32::MAX` units fall in bin 239.
+//!
+//! Items are linked through a caller-owned array of [`Link`]s (one per item, by index), so the
+//! lists need no memory of their own and an item can sit in two indexes through two arrays.
+
+#![deny(unsafe_code)]
+
+/// "No item": the end of a list, an absent link.
+pub const NIL: u32 = u32::MAX;
+
+const MANTISSA_BITS: u32 = 3;
+const MANTISSA: u32 = 1 << MANTISSA_BITS;
+
+/// Bins 0..=239; `bin_of(u32::MAX)` is 239.
+pub const NUM_BINS: usize = 240;
+const NUM_WORDS: usize = NUM_BINS.div_ceil(64);
+
+/// The bin of `n` units, rounding down: the highest bin whose lower bound is at most `n`.
+///
+/// Below 8 a count is its own bin. Otherwise, with `e = floor(log2 n)`, the bin is
+/// `(e - 2) * 8` plus the 3 bits under the leading one. Worked example: `n = 18 = 0b10010`,
+/// `e = 4`, the bits under the leading one are `001`, so the bin is `2 * 8 + 1 = 17`, whose
+/// lower bound is `0b1001 << 1 = 18`.
+#[inline]
+pub fn bin_of(n: u32) -> usize {
+    if n < MANTISSA {
+        n as usize
+    } else {
+        let e = 31 - n.leading_zeros();
+        let m = (n >> (e - MANTISSA_BITS)) & (MANTISSA - 1);
+        ((e - MANTISSA_BITS + 1) * MANTISSA + m) as usize
+    }
+}
+
+/// The smallest count in bin `b` (inverse of [`bin_of`] on lower bounds).
+#[inline]
+pub fn bin_lower(b: usize) -> u32 {
+    let b = b as u32;
+    if b < MANTISSA {
+        b
+    } else {
+        let e = b / MANTISSA + MANTISSA_BITS - 1;
+        (MANTISSA + b % MANTISSA) << (e - MANTISSA_BITS)
+    }
+}
+
+/// The lowest bin all of whose items hold at least `n` units.
+#[inline]
+pub fn bin_up(n: u32) -> usize {
+    let b = bin_of(n);
+    if bin_lower(b) == n {
+        b
+    } else {
+        b + 1
+    }
+}
+
+/// Links of one item in one index. `prev`/`next` are `NIL` at the ends of a list.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub prev: u32,
+    pub next: u32,
+}
+
+impl Link {
+    pub const UNLINKED: Link = Link {
+        prev: NIL,
+        next: NIL,
+    };
+}
+
+/// One list head per bin and a bitmap of the non-empty bins. Invariant: bit `b` is set iff
+/// `heads[b] != NIL`.
+#[derive(Clone, Debug)]
+pub struct Bins {
+    heads: [u32; NUM_BINS],
+    bitmap: [u64; NUM_WORDS],
+    len: usize,
+}
+
+impl Default for Bins {
+    fn default() -> Self {
+        Bins {
+            heads: [NIL; NUM_BINS],
+            bitmap: [0; NUM_WORDS],
+            len: 0,
+        }
+    }
+}
+
+impl Bins {
+    /// Number of items in all bins.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn head(&self, bin: usize) -> u32 {
+        self.heads[bin]
+    }
+
+    /// Pushes `item` at the head of `bin` (LIFO: the most recently freed is reused first).
+    #[inline]
+    pub fn push(&mut self, links: &mut [Link], item: u32, bin: usize) {
+        let head = self.heads[bin];
+        links[item as usize] = Link {
+            prev: NIL,
+            next: head,
+        };
+        if head != NIL {
+            links[head as usize].prev = item;
+        } else {
+            self.bitmap[bin / 64] |= 1 << (bin % 64);
+        }
+        self.heads[bin] = item;
+        self.len += 1;
+    }
+
+    /// Unlinks `item`, which must be in `bin`.
+    #[inline]
+    pub fn remove(&mut self, links: &mut [Link], item: u32, bin: usize) {
+        let Link { prev, next } = links[item as usize];
+        if prev != NIL {
+            links[prev as usize].next = next;
+        } else {
+            debug_assert_eq!(self.heads[bin], item);
+            self.heads[bin] = next;
+            if next == NIL {
+                self.bitmap[bin / 64] &= !(1 << (bin % 64));
+            }
+        }
+        if next != NIL {
+            links[next as usize].prev = prev;
+        }
+        links[item as usize] = Link::UNLINKED;
+        self.len -= 1;
+    }
+
+    /// The lowest non-empty bin at or above `bin`.
+    #[inline]
+    pub fn first_at_or_above(&self, bin: usize) -> Option<usize> {
+        if bin >= NUM_BINS {
+            return None;
+        }
+        let mut w = bin / 64;
+        let mut bits = self.bitmap[w] & (!0u64 << (bin % 64));
+        loop {
+            if bits != 0 {
+                return Some(w * 64 + bits.trailing_zeros() as usize);
+            }
+            w += 1;
+            if w == NUM_WORDS {
+                return None;
+            }
+            bits = self.bitmap[w];
+        }
+    }
+
+    /// The highest non-empty bin at or below `bin`.
+    #[inline]
+    pub fn last_at_or_below(&self, bin: usize) -> Option<usize> {
+        let bin = bin.min(NUM_BINS - 1);
+        let mut w = bin / 64;
+        let shift = 63 - bin % 64;
+        let mut bits = (self.bitmap[w] << shift) >> shift;
+        loop {
+            if bits != 0 {
+                return Some(w * 64 + 63 - bits.leading_zeros() as usize);
+            }
+            if w == 0 {
+                return None;
+            }
+            w -= 1;
+            bits = self.bitmap[w];
+        }
+    }
+
+    /// Items of `bin`, head first (for checks and bounded scans).
+    pub fn iter<'a>(&self, links: &'a [Link], bin: usize) -> impl Iterator<Item = u32> + 'a {
+        let mut cur = self.heads[bin];
+        std::iter::from_fn(move || {
+            (cur != NIL).then(|| {
+                let item = cur;
+                cur = links[item as usize].next;
+                item
+            })
+        })
+    }
+
+    /// Good fit for `n` units: an item of the request's own bin that holds `n` (the first
+    /// of at most `scan` looked at), else the head of the lowest bin whose items all hold `n`.
+    /// `size` gives an item's size. O(1): at most `scan` items are looked at.
+    #[inline]
+    pub fn find_fit(
+        &self,
+        links: &[Link],
+        n: u32,
+        scan: usize,
+        size: impl Fn(u32) -> u32,
+    ) -> Option<u32> {
+        let own = bin_of(n);
+        if bin_lower(own) != n {
+            let fit = self.iter(links, own).take(scan).find(|&i| size(i) >= n);
+            if fit.is_some() {
+                return fit;
+            }
+        }
+        self.first_at_or_above(bin_up(n)).map(|b| self.heads[b])
+    }
+
+    /// The largest item of at most `n` units, near enough: an item of `n`'s own bin that is at
+    /// most `n` (among the first `scan`), else the head of the highest bin below it.
+    #[inline]
+    pub fn find_at_most(
+        &self,
+        links: &[Link],
+        n: u32,
+        scan: usize,
+        size: impl Fn(u32) -> u32,
+    ) -> Option<u32> {
+        let own = bin_of(n);
+        let fit = self.iter(links, own).take(scan).find(|&i| size(i) <= n);
+        if fit.is_some() {
+            return fit;
+        }
+        if own == 0 {
+            return None;
+        }
+        self.last_at_or_below(own - 1).map(|b| self.heads[b])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bins_round_trip() {
+        assert_eq!(bin_of(18), 17);
+        assert_eq!(bin_lower(17), 18);
+        assert_eq!(bin_of(u32::MAX), NUM_BINS - 1);
+        for b in 0..NUM_BINS {
+            assert_eq!(bin_of(bin_lower(b)), b, "bin {b}");
+        }
+        for n in 1..100_000u32 {
+            let b = bin_of(n);
+            assert!(bin_lower(b) <= n);
+            assert!(b + 1 == NUM_BINS || bin_lower(b + 1) > n);
+            assert!(bin_lower(bin_up(n)) >= n);
+            // a bin spans at most 1/8 of its lower bound
+            if n >= 8 {
+                assert!((bin_lower(b + 1) - bin_lower(b)) * 8 <= bin_lower(b));
+            }
+        }
+    }
+
+    #[test]
+    fn bitmap_search() {
+        let mut bins = Bins::default();
+        let mut links = vec![Link::UNLINKED; 4];
+        bins.push(&mut links, 0, 3);
+        bins.push(&mut links, 1, 100);
+        bins.push(&mut links, 2, 200);
+        assert_eq!(bins.first_at_or_above(0), Some(3));
+        assert_eq!(bins.first_at_or_above(4), Some(100));
+        assert_eq!(bins.first_at_or_above(201), None);
+        assert_eq!(bins.last_at_or_below(239), Some(200));
+        assert_eq!(bins.last_at_or_below(199), Some(100));
+        assert_eq!(bins.last_at_or_below(2), None);
+        bins.remove(&mut links, 1, 100);
+        assert_eq!(bins.first_at_or_above(4), Some(200));
+        assert_eq!(bins.len(), 2);
+    }
+}

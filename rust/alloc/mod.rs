@@ -1,0 +1,1742 @@
+//! The allocator users call: any size, on top of the PMM, with stitching, heap pages,
+//! stream-ordered frees and defragmentation. See docs/design.md ("The pool") for the policy
+//! and the trace measurements behind its thresholds.
+//!
+//! ## Model
+//! A pool takes *pages* (PMM USER chunks of `page_size`, 2 MiB by default) from its device.
+//! Page `i` is physical `[i * page_size, (i + 1) * page_size)`; its kind says what it holds:
+//!
+//! - `Free`: held by the pool, unused; in the free-page [`Runs`].
+//! - `Heap`: sub-allocated for small requests (below `small_threshold`) in 256 B granules by
+//!   blocks (a TLSF-like good fit over `heap_bins`).
+//! - `Large`: holds the head or tail of stitched allocations, and large requests below a page
+//!   that fit in a free block, in blocks like a heap page.
+//! - `Full`: a middle page of one stitched allocation.
+//!
+//! A large request is laid out as a *head* (a free block that ends at its page's end), whole
+//! free pages, and a *tail* (a free block that starts at its page's start, or the start of a
+//! fresh page). Only the first and last page are shared with other allocations, and pages are
+//! mapped back to back, so an allocation may start at any 256 B offset in its first page and
+//! no free page is ever "free but unusable" for a large request. When the pages happen to be
+//! physically consecutive the allocation is addressed through the direct map; otherwise its
+//! pages are mapped into the pool's stitching window.
+//!
+//! ## Invariants (checked by `validate`)
+//! - A `Heap` or `Large` page is covered by its blocks, in address order, linked `prev`/`next`;
+//!   no two free blocks touch; a free block is in exactly the bins its page kind and position
+//!   say (heap: `heap_bins`; large: `large_bins`, and `suffix_bins` iff it ends at the page end,
+//!   `prefix_bins` iff it starts at 0); a block covering a whole page does not exist (the page
+//!   is `Free` instead).
+//! - A page is `Free` iff it is in a free run; `Full` pages belong to the runs of one live or
+//!   freeing allocation.
+//! - `by_ptr` maps the pointer of every live or freeing allocation, and nothing else.
+
+#![deny(unsafe_code)]
+
+pub mod bins;
+pub mod runs;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::pmm::{ChunkId, ChunkType, Pmm};
+use crate::units::format_size;
+use bins::{bin_of, Bins, Link, NIL};
+use runs::Runs;
+
+pub use stats::{Histogram, PoolStats};
+
+/// Every request is rounded up to a multiple of this (CUDA's allocation alignment).
+pub const GRANULE: u64 = 256;
+
+/// Allocation latency is timed on one call in this many.
+const LATENCY_SAMPLE: u64 = 16;
+
+/// How many items of a request's own bin a good-fit search looks at.
+const SCAN: usize = 8;
+
+/// A device: the PMM that hands out its physical memory and the backend that holds it.
+pub struct Device {
+    pub pmm: Arc<Mutex<Pmm>>,
+    pub backend: Arc<dyn Backend>,
+}
+
+/// How a pool behaves. Sizes in bytes.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// The mapping unit: a power of two, a PMM USER chunk size, a multiple of the backend's
+    /// granularity.
+    pub page_size: u64,
+    /// Requests below this go to heap pages; the rest are laid out over large pages.
+    pub small_threshold: u64,
+    /// Reserved when the pool is made.
+    pub initial_size: u64,
+    /// The most the pool may reserve (None: the device's capacity).
+    pub max_size: Option<u64>,
+    /// Free pages above this many bytes go back to the device at once (None: keep them until
+    /// `trim`, `defrag` or `close`), like `cudaMemPoolAttrReleaseThreshold`.
+    pub release_threshold: Option<u64>,
+    /// Zero memory when it is freed (before anyone can reuse it).
+    pub scrub: bool,
+    /// A tail may take a free page prefix at most this much larger than itself (bytes);
+    /// otherwise it takes a fresh page, whose remainder stays usable as a head.
+    pub tail_slack: u64,
+    /// Run `validate` after every mutation and panic on a broken invariant (tests).
+    pub check: bool,
+}
+
+impl PoolConfig {
+    pub fn new(page_size: u64) -> Self {
+        PoolConfig {
+            page_size,
+            small_threshold: DEFAULT_SMALL_THRESHOLD.min(page_size / 2),
+            initial_size: 0,
+            max_size: None,
+            release_threshold: None,
+            scrub: false,
+            tail_slack: page_size / 16,
+            check: false,
+        }
+    }
+}
+
+/// The default heap threshold; docs/design.md has the measurements that chose it.
+pub const DEFAULT_SMALL_THRESHOLD: u64 = 1 << 20;
+
+/// A handle to an allocation: its slot and the generation of the allocation it names.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AllocId {
+    index: u32,
+    generation: u32,
+}
+
+impl AllocId {
+    pub fn to_bits(self) -> u64 {
+        ((self.generation as u64) << 32) | self.index as u64
+    }
+    pub fn from_bits(bits: u64) -> Self {
+        AllocId {
+            index: bits as u32,
+            generation: (bits >> 32) as u32,
+        }
+    }
+}
+
+/// What a caller may ask for.
+#[derive(Copy, Clone, Debug, Default)]
+pub struct Request {
+    /// Bytes, at least 1.
+    pub size: u64,
+    pub stream: u64,
+    /// The allocation may be moved by `defrag` (its pointer changes).
+    pub movable: bool,
+    /// A scope from `open_scope` (0: none).
+    pub scope: u32,
+}
+
+/// What a caller learns about an allocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocInfo {
+    pub id: AllocId,
+    pub ptr: u64,
+    pub size: u64,
+    pub rounded: u64,
+    pub stream: u64,
+    pub freeing: bool,
+    pub movable: bool,
+    pub stitched: bool,
+    pub pins: u32,
+    pub scope: u32,
+}
+
+/// What `defrag` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DefragReport {
+    pub moved_allocs: u64,
+    pub moved_bytes: u64,
+    pub pages_emptied: u64,
+    pub bytes_released: u64,
+    /// (allocation, old pointer, new pointer)
+    pub moves: Vec<(AllocId, u64, u64)>,
+}
+
+/// What closing a scope did: the allocations made inside it that were still live.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScopeReport {
+    pub allocs: u64,
+    pub freed: u64,
+    pub leaked: Vec<AllocInfo>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum PageKind {
+    /// Not held by the pool.
+    Absent,
+    Free,
+    Heap,
+    Large,
+    Full,
+}
+
+#[derive(Copy, Clone, Debug)]
+struct Page {
+    kind: PageKind,
+    /// Heap and Large: the first block. Full: the owning allocation's slot.
+    first: u32,
+    /// Heap and Large: granules in used blocks.
+    used: u32,
+    /// The PMM chunk (bits of its ChunkId) while the pool holds the page.
+    chunk: u64,
+}
+
+#[derive(Copy, Clone, Debug)]
+struct Block {
+    page: u32,
+    /// Offset and length in granules within the page.
+    off: u32,
+    len: u32,
+    /// Neighbours in the page (NIL at its ends).
+    prev: u32,
+    next: u32,
+    free: bool,
+    /// The owning allocation's slot while used.
+    alloc: u32,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum State {
+    Vacant,
+    Live,
+    /// Freed on a stream; waits for that stream's fence.
+    Freeing,
+}
+
+#[derive(Clone, Debug)]
+enum Layout {
+    None,
+    /// One block in a heap or large page.
+    Block(u32),
+    Stitched {
+        /// A free block that ended at its page's end (NIL: none).
+        head: u32,
+        /// Whole pages, in mapping order.
+        runs: SmallVec<[(u32, u32); 2]>,
+        /// A block that starts at its page's start (NIL: none).
+        tail: u32,
+        /// Pages of the stitching window (NIL: addressed through the direct map).
+        window: u32,
+        window_len: u32,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Alloc {
+    generation: u32,
+    state: State,
+    size: u64,
+    units: u64,
+    ptr: u64,
+    stream: u64,
+    movable: bool,
+    pins: u32,
+    scope: u32,
+    /// The fence of a pending stream-ordered free.
+    fence: u64,
+    layout: Layout,
+}
+
+#[derive(Default, Debug)]
+struct StreamState {
+    /// Pending frees, oldest first: (fence, slot, generation).
+    pending: VecDeque<(u64, u32, u32)>,
+    /// Pending frees by rounded size, for reuse on the same stream.
+    reuse: FxHashMap<u64, Vec<(u32, u32)>>,
+}
+
+/// Always-current counters (the cheap tier of the statistics).
+#[derive(Clone, Debug, Default)]
+struct Counters {
+    live_bytes: u64,
+    used_bytes: u64,
+    freeing_bytes: u64,
+    reserved_bytes: u64,
+    peak_live: u64,
+    peak_used: u64,
+    peak_reserved: u64,
+    allocs: u64,
+    frees: u64,
+    failures: u64,
+    stitched: u64,
+    reused: u64,
+    calls: u64,
+    pages_taken: u64,
+    pages_released: u64,
+}
+
+/// One pool: the core behind `gpumm.MemoryPool`. Not thread safe by itself; the bindings
+/// hold it behind a lock.
+pub struct Pool {
+    cfg: PoolConfig,
+    dev: Arc<Device>,
+    /// Page size in granules and as a shift of bytes.
+    pg: u32,
+    page_shift: u32,
+    small_units: u64,
+    slack_units: u32,
+    direct_base: u64,
+    pages: Vec<Page>,
+    free_pages: Runs,
+    window_base: u64,
+    window_bytes: u64,
+    window: Runs,
+    blocks: Vec<Block>,
+    link0: Vec<Link>,
+    link1: Vec<Link>,
+    vacant_blocks: Vec<u32>,
+    heap_bins: Bins,
+    large_bins: Bins,
+    suffix_bins: Bins,
+    prefix_bins: Bins,
+    allocs: Vec<Alloc>,
+    vacant_allocs: Vec<u32>,
+    by_ptr: FxHashMap<u64, u32>,
+    streams: FxHashMap<u64, StreamState>,
+    fence_stream: FxHashMap<u64, u64>,
+    next_fence: u64,
+    scopes: FxHashMap<u32, Vec<(u32, u32)>>,
+    next_scope: u32,
+    /// A page being emptied by `defrag`: its free blocks stay out of the bins.
+    evacuating: u32,
+    counters: Counters,
+    latency: Histogram,
+    closed: bool,
+}
+
+fn invalid_size(msg: String) -> Error {
+    Error::InvalidSize(msg)
+}
+
+impl Pool {
+    /// A pool on `dev`. Reserves `initial_size` (rounded up to pages) at once.
+    pub fn new(dev: Arc<Device>, cfg: PoolConfig) -> Result<Self> {
+        let backend = dev.backend.clone();
+        let ps = cfg.page_size;
+        let (vidmem, user_sizes) = {
+            let pmm = dev.pmm.lock();
+            (pmm.config().vidmem, pmm.size_mask(ChunkType::User))
+        };
+        if !ps.is_power_of_two() || !user_sizes.contains(ps) || ps % backend.granularity() != 0 {
+            return Err(invalid_size(format!(
+                "page size {} must be a USER chunk size of the device ({}) and a multiple of the \
+                 {} backend's granularity ({})",
+                format_size(ps),
+                user_sizes
+                    .sizes()
+                    .iter()
+                    .map(|&s| format_size(s))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                backend.name(),
+                format_size(backend.granularity())
+            )));
+        }
+        if backend.capacity() < vidmem {
+            return Err(Error::InvalidArgument(format!(
+                "the backend holds {} but the PMM manages {}",
+                format_size(backend.capacity()),
+                format_size(vidmem)
+            )));
+        }
+        if cfg.small_threshold >= ps {
+            return Err(invalid_size(format!(
+                "small_threshold {} must be below the page size {}",
+                format_size(cfg.small_threshold),
+                format_size(ps)
+            )));
+        }
+        let max = cfg.max_size.unwrap_or(vidmem);
+        if cfg.initial_size > max {
+            return Err(invalid_size(format!(
+                "initial size {} is above the pool's maximum {}",
+                format_size(cfg.initial_size),
+                format_size(max)
+            )));
+        }
+        let num_pages = (vidmem / ps) as u32;
+        // Twice the device: stitched allocations never run out of window before the device
+        // runs out of pages, however the window fragments.
+        let window_pages = num_pages.saturating_mul(2).max(1);
+        let window_bytes = window_pages as u64 * ps;
+        let window_base = backend.reserve(window_bytes)?;
+        let mut window = Runs::new(window_pages);
+        window.free(0, window_pages);
+        let pg = (ps / GRANULE) as u32;
+        let mut pool = Pool {
+            pg,
+            page_shift: ps.trailing_zeros(),
+            small_units: cfg.small_threshold.div_ceil(GRANULE),
+            slack_units: (cfg.tail_slack / GRANULE) as u32,
+            direct_base: backend.direct_base(),
+            pages: vec![
+                Page {
+                    kind: PageKind::Absent,
+                    first: NIL,
+                    used: 0,
+                    chunk: 0
+                };
+                num_pages as usize
+            ],
+            free_pages: Runs::new(num_pages),
+            window_base,
+            window_bytes,
+            window,
+            blocks: Vec::new(),
+            link0: Vec::new(),
+            link1: Vec::new(),
+            vacant_blocks: Vec::new(),
+            heap_bins: Bins::default(),
+            large_bins: Bins::default(),
+            suffix_bins: Bins::default(),
+            prefix_bins: Bins::default(),
+            allocs: Vec::new(),
+            vacant_allocs: Vec::new(),
+            by_ptr: FxHashMap::default(),
+            streams: FxHashMap::default(),
+            fence_stream: FxHashMap::default(),
+            next_fence: 1,
+            scopes: FxHashMap::default(),
+            next_scope: 1,
+            evacuating: NIL,
+            counters: Counters::default(),
+            latency: Histogram::default(),
+            closed: false,
+            cfg,
+            dev,
+        };
+        let want = pool.cfg.initial_size.div_ceil(ps) as u32;
+        if !pool.ensure_pages(want) {
+            let got = pool.counters.reserved_bytes;
+            pool.close()?;
+            return Err(Error::OutOfMemory(format!(
+                "cannot reserve {} for the pool: the device gave {}",
+                format_size(pool.cfg.initial_size),
+                format_size(got)
+            )));
+        }
+        pool.check();
+        Ok(pool)
+    }
+
+    pub fn config(&self) -> &PoolConfig {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    fn check(&self) {
+        if self.cfg.check {
+            if let Err(e) = self.validate() {
+                panic!("pool invariant broken: {e}");
+            }
+        }
+    }
+
+    fn open(&self) -> Result<()> {
+        if self.closed {
+            Err(Error::InvalidState("the pool is closed".into()))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn max_size(&self) -> u64 {
+        let vidmem = self.pages.len() as u64 * self.cfg.page_size;
+        self.cfg.max_size.unwrap_or(vidmem).min(vidmem)
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Pages
+
+    /// Takes `n` pages from the device into the free pages: all of them, or none at the
+    /// pool's maximum or when the device has fewer (the PMM's batch is all or nothing).
+    fn grow(&mut self, n: u32) -> bool {
+        let ps = self.cfg.page_size;
+        if self.counters.reserved_bytes + n as u64 * ps > self.max_size() {
+            return false;
+        }
+        let got = {
+            let mut pmm = self.dev.pmm.lock();
+            pmm.alloc_chunks(n as usize, ps, ChunkType::User, false)
+                .and_then(|ids| pmm.infos(&ids))
+        };
+        let Ok(infos) = got else { return false };
+        for info in infos {
+            let p = (info.addr >> self.page_shift) as u32;
+            self.pages[p as usize] = Page {
+                kind: PageKind::Free,
+                first: NIL,
+                used: 0,
+                chunk: info.id.to_bits(),
+            };
+            self.free_pages.free(p, 1);
+        }
+        self.counters.reserved_bytes += n as u64 * ps;
+        self.counters.peak_reserved = self
+            .counters
+            .peak_reserved
+            .max(self.counters.reserved_bytes);
+        self.counters.pages_taken += n as u64;
+        true
+    }
+
+    /// At least `n` free pages, growing from the device as needed (all or nothing).
+    fn ensure_pages(&mut self, n: u32) -> bool {
+        let have = self.free_pages.free_units();
+        have >= n as u64 || self.grow((n as u64 - have) as u32)
+    }
+
+    /// Gives free pages back to the device until at most `keep` bytes of them stay.
+    /// Returns the bytes released.
+    fn release_pages(&mut self, keep: u64) -> u64 {
+        let ps = self.cfg.page_size;
+        let keep_pages = keep / ps;
+        if self.free_pages.free_units() <= keep_pages {
+            return 0;
+        }
+        let mut excess = self.free_pages.free_units() - keep_pages;
+        let mut released = Vec::new();
+        // Highest addresses first, so what stays is compact.
+        for (start, len) in self.free_pages.runs().into_iter().rev() {
+            if excess == 0 {
+                break;
+            }
+            self.free_pages.take_run(start);
+            let take = (len as u64).min(excess) as u32;
+            // keep the front of the run, release its back
+            if take < len {
+                self.free_pages.free(start, len - take);
+            }
+            for p in start + len - take..start + len {
+                released.push(p);
+            }
+            excess -= take as u64;
+        }
+        let mut pmm = self.dev.pmm.lock();
+        for &p in &released {
+            let page = &mut self.pages[p as usize];
+            let r = pmm.free(ChunkId::from_bits(page.chunk));
+            debug_assert!(r.is_ok(), "pool page not allocated in the PMM: {r:?}");
+            *page = Page {
+                kind: PageKind::Absent,
+                first: NIL,
+                used: 0,
+                chunk: 0,
+            };
+            self.dev.backend.discard(p as u64 * ps, ps);
+        }
+        drop(pmm);
+        let bytes = released.len() as u64 * ps;
+        self.counters.reserved_bytes -= bytes;
+        self.counters.pages_released += released.len() as u64;
+        bytes
+    }
+
+    fn after_free(&mut self) {
+        if let Some(th) = self.cfg.release_threshold {
+            self.release_pages(th);
+        }
+    }
+
+    /// A page leaves the free runs to become `kind`.
+    fn page_to(&mut self, p: u32, kind: PageKind, first: u32) {
+        let page = &mut self.pages[p as usize];
+        page.kind = kind;
+        page.first = first;
+        page.used = 0;
+    }
+
+    /// A page is free again.
+    fn page_free(&mut self, p: u32) {
+        self.page_to(p, PageKind::Free, NIL);
+        self.free_pages.free(p, 1);
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Blocks
+
+    fn new_block(&mut self, b: Block) -> u32 {
+        if let Some(i) = self.vacant_blocks.pop() {
+            self.blocks[i as usize] = b;
+            i
+        } else {
+            self.blocks.push(b);
+            self.link0.push(Link::UNLINKED);
+            self.link1.push(Link::UNLINKED);
+            (self.blocks.len() - 1) as u32
+        }
+    }
+
+    fn drop_block(&mut self, b: u32) {
+        self.blocks[b as usize].page = NIL;
+        self.vacant_blocks.push(b);
+    }
+
+    /// The bins of a free block: (primary, secondary) where secondary is 1 for suffix, 2 for
+    /// prefix, 0 for none.
+    fn block_class(&self, b: u32) -> (bool, u8) {
+        let blk = &self.blocks[b as usize];
+        let heap = self.pages[blk.page as usize].kind == PageKind::Heap;
+        let sec = if heap {
+            0
+        } else if blk.off + blk.len == self.pg {
+            1
+        } else if blk.off == 0 {
+            2
+        } else {
+            0
+        };
+        (heap, sec)
+    }
+
+    fn insert_free(&mut self, b: u32) {
+        let blk = self.blocks[b as usize];
+        if blk.page == self.evacuating {
+            return;
+        }
+        let bin = bin_of(blk.len);
+        let (heap, sec) = self.block_class(b);
+        if heap {
+            self.heap_bins.push(&mut self.link0, b, bin);
+        } else {
+            self.large_bins.push(&mut self.link0, b, bin);
+            match sec {
+                1 => self.suffix_bins.push(&mut self.link1, b, bin),
+                2 => self.prefix_bins.push(&mut self.link1, b, bin),
+                _ => {}
+            }
+        }
+    }
+
+    fn remove_free(&mut self, b: u32) {
+        let blk = self.blocks[b as usize];
+        if blk.page == self.evacuating {
+            return;
+        }
+        let bin = bin_of(blk.len);
+        let (heap, sec) = self.block_class(b);
+        if heap {
+            self.heap_bins.remove(&mut self.link0, b, bin);
+        } else {
+            self.large_bins.remove(&mut self.link0, b, bin);
+            match sec {
+                1 => self.suffix_bins.remove(&mut self.link1, b, bin),
+                2 => self.prefix_bins.remove(&mut self.link1, b, bin),
+                _ => {}
+            }
+        }
+    }
+
+    /// Makes page `p` (just taken from the free runs) a heap or large page covered by one free
+    /// block, which is returned, not in any bin.
+    fn open_page(&mut self, p: u32, kind: PageKind) -> u32 {
+        let b = self.new_block(Block {
+            page: p,
+            off: 0,
+            len: self.pg,
+            prev: NIL,
+            next: NIL,
+            free: true,
+            alloc: NIL,
+        });
+        self.page_to(p, kind, b);
+        b
+    }
+
+    /// Uses `len` granules at `at` granules into free block `b` (not in any bin) for
+    /// allocation `a`; the pieces before and after stay free and go to their bins.
+    fn carve(&mut self, b: u32, at: u32, len: u32, a: u32) -> u32 {
+        let blk = self.blocks[b as usize];
+        debug_assert!(blk.free && at + len <= blk.len);
+        if at > 0 {
+            let f = self.new_block(Block {
+                page: blk.page,
+                off: blk.off,
+                len: at,
+                prev: blk.prev,
+                next: b,
+                free: true,
+                alloc: NIL,
+            });
+            if blk.prev != NIL {
+                self.blocks[blk.prev as usize].next = f;
+            } else {
+                self.pages[blk.page as usize].first = f;
+            }
+            self.blocks[b as usize].prev = f;
+        }
+        let rest = blk.len - at - len;
+        if rest > 0 {
+            let f = self.new_block(Block {
+                page: blk.page,
+                off: blk.off + at + len,
+                len: rest,
+                prev: b,
+                next: blk.next,
+                free: true,
+                alloc: NIL,
+            });
+            if blk.next != NIL {
+                self.blocks[blk.next as usize].prev = f;
+            }
+            self.blocks[b as usize].next = f;
+        }
+        {
+            let u = &mut self.blocks[b as usize];
+            u.off = blk.off + at;
+            u.len = len;
+            u.free = false;
+            u.alloc = a;
+        }
+        if at > 0 {
+            let f = self.blocks[b as usize].prev;
+            self.insert_free(f);
+        }
+        if rest > 0 {
+            let f = self.blocks[b as usize].next;
+            self.insert_free(f);
+        }
+        self.pages[blk.page as usize].used += len;
+        b
+    }
+
+    /// Takes a whole free block (not in any bin) for allocation `a`.
+    fn take_whole(&mut self, b: u32, a: u32) {
+        let len = self.blocks[b as usize].len;
+        self.carve(b, 0, len, a);
+    }
+
+    /// A used block becomes free and merges with free neighbours; a page left empty becomes
+    /// a free page.
+    fn release_block(&mut self, b: u32) {
+        let blk = self.blocks[b as usize];
+        debug_assert!(!blk.free);
+        self.pages[blk.page as usize].used -= blk.len;
+        {
+            let u = &mut self.blocks[b as usize];
+            u.free = true;
+            u.alloc = NIL;
+        }
+        if blk.prev != NIL && self.blocks[blk.prev as usize].free {
+            let l = blk.prev;
+            self.remove_free(l);
+            let left = self.blocks[l as usize];
+            let u = &mut self.blocks[b as usize];
+            u.off = left.off;
+            u.len += left.len;
+            u.prev = left.prev;
+            if left.prev != NIL {
+                self.blocks[left.prev as usize].next = b;
+            } else {
+                self.pages[blk.page as usize].first = b;
+            }
+            self.drop_block(l);
+        }
+        let next = self.blocks[b as usize].next;
+        if next != NIL && self.blocks[next as usize].free {
+            self.remove_free(next);
+            let right = self.blocks[next as usize];
+            let u = &mut self.blocks[b as usize];
+            u.len += right.len;
+            u.next = right.next;
+            if right.next != NIL {
+                self.blocks[right.next as usize].prev = b;
+            }
+            self.drop_block(next);
+        }
+        let u = self.blocks[b as usize];
+        if u.off == 0 && u.len == self.pg {
+            self.drop_block(b);
+            if blk.page == self.evacuating {
+                self.evacuating = NIL;
+            }
+            self.page_free(blk.page);
+        } else {
+            self.insert_free(b);
+        }
+    }
+
+    /// The virtual address of granule `off` of page `p` in the direct map.
+    fn direct_addr(&self, p: u32, off: u32) -> u64 {
+        self.direct_base + ((p as u64) << self.page_shift) + off as u64 * GRANULE
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Placement
+
+    fn block_len(&self) -> impl Fn(u32) -> u32 + '_ {
+        |i| self.blocks[i as usize].len
+    }
+
+    /// A small request: good fit in the heap pages, else a new heap page. Relaxed (on the way
+    /// to out of memory): a free block of a large page will do too.
+    fn place_small(&mut self, units: u32, a: u32, relaxed: bool) -> Option<Layout> {
+        if let Some(b) = self
+            .heap_bins
+            .find_fit(&self.link0, units, SCAN, self.block_len())
+        {
+            self.remove_free(b);
+            return Some(Layout::Block(self.carve(b, 0, units, a)));
+        }
+        if self.ensure_pages(1) {
+            let p = self.free_pages.alloc(1).expect("a free page");
+            let b = self.open_page(p, PageKind::Heap);
+            return Some(Layout::Block(self.carve(b, 0, units, a)));
+        }
+        if relaxed {
+            return self.place_in_large_block(units, a);
+        }
+        None
+    }
+
+    /// A request below a page in a free block of a large page. A block at a page's start is
+    /// used from its end and any other from its start, so what is left keeps touching the
+    /// page's end or start and stays usable as a head or tail.
+    fn place_in_large_block(&mut self, units: u32, a: u32) -> Option<Layout> {
+        let b = self
+            .large_bins
+            .find_fit(&self.link0, units, SCAN, self.block_len())?;
+        self.remove_free(b);
+        let blk = self.blocks[b as usize];
+        let at = if blk.off == 0 { blk.len - units } else { 0 };
+        Some(Layout::Block(self.carve(b, at, units, a)))
+    }
+
+    /// A large request: one free block if it is below a page and fits one, else head + whole
+    /// pages + tail, stitched.
+    fn place_large(&mut self, units: u64, a: u32, relaxed: bool) -> Option<Layout> {
+        let pg = self.pg as u64;
+        if units < pg {
+            if let Some(l) = self.place_in_large_block(units as u32, a) {
+                return Some(l);
+            }
+        }
+        // Head: the largest free page end that the request can use whole.
+        let head = self
+            .suffix_bins
+            .find_at_most(
+                &self.link1,
+                units.min(u32::MAX as u64) as u32,
+                SCAN,
+                self.block_len(),
+            )
+            .filter(|&b| self.blocks[b as usize].len as u64 <= units)
+            .unwrap_or(NIL);
+        let h = if head == NIL {
+            0
+        } else {
+            self.blocks[head as usize].len as u64
+        };
+        let rest = units - h;
+        let full = (rest / pg) as u32;
+        let t = (rest % pg) as u32;
+        // Tail: a free page start that fits it closely, else the start of a fresh page.
+        let mut tail = NIL;
+        if t > 0 {
+            if let Some(b) = self
+                .prefix_bins
+                .find_fit(&self.link1, t, SCAN, self.block_len())
+            {
+                if self.blocks[b as usize].len - t <= self.slack_units {
+                    tail = b;
+                }
+            }
+        }
+        let fresh_tail = t > 0 && tail == NIL;
+        let mut need = full + fresh_tail as u32;
+        if !self.ensure_pages(need) {
+            if !relaxed {
+                return None;
+            }
+            // Short of pages: any free page start that holds the tail saves one; a request
+            // below a page may also take a free block of a heap page.
+            let mut ok = false;
+            if fresh_tail {
+                if let Some(b) = self
+                    .prefix_bins
+                    .find_fit(&self.link1, t, SCAN, self.block_len())
+                {
+                    tail = b;
+                    need -= 1;
+                    ok = self.ensure_pages(need);
+                }
+            }
+            if !ok {
+                if units < pg {
+                    let b = self.heap_bins.find_fit(
+                        &self.link0,
+                        units as u32,
+                        SCAN,
+                        self.block_len(),
+                    )?;
+                    self.remove_free(b);
+                    return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
+                }
+                return None;
+            }
+        }
+        // Commit.
+        let mut runs: SmallVec<[(u32, u32); 2]> = SmallVec::new();
+        if need > 0 {
+            let next_to_head = if head == NIL {
+                None
+            } else {
+                Some(self.blocks[head as usize].page + 1)
+            };
+            match next_to_head {
+                Some(p) if self.free_pages.alloc_at(p, need) => runs.push((p, need)),
+                _ => {
+                    let mut v = Vec::new();
+                    let ok = self.free_pages.alloc_scattered(need, &mut v);
+                    debug_assert!(ok);
+                    runs.extend(v);
+                }
+            }
+        }
+        let mut tail_page = NIL;
+        if fresh_tail && tail == NIL {
+            let last = runs.last_mut().expect("the tail's page");
+            tail_page = last.0 + last.1 - 1;
+            last.1 -= 1;
+            if last.1 == 0 {
+                runs.pop();
+            }
+        }
+        if head != NIL {
+            self.remove_free(head);
+            self.take_whole(head, a);
+        }
+        for &(s, l) in &runs {
+            for p in s..s + l {
+                self.page_to(p, PageKind::Full, a);
+            }
+        }
+        if tail_page != NIL {
+            let b = self.open_page(tail_page, PageKind::Large);
+            tail = self.carve(b, 0, t, a);
+        } else if tail != NIL {
+            self.remove_free(tail);
+            tail = self.carve(tail, 0, t, a);
+        }
+        Some(Layout::Stitched {
+            head,
+            runs,
+            tail,
+            window: NIL,
+            window_len: 0,
+        })
+    }
+
+    /// The pages of a stitched layout in mapping order, as physically consecutive segments.
+    fn segments(&self, layout: &Layout) -> SmallVec<[(u32, u32); 4]> {
+        let mut segs: SmallVec<[(u32, u32); 4]> = SmallVec::new();
+        let mut push = |p: u32, n: u32| match segs.last_mut() {
+            Some(last) if last.0 + last.1 == p => last.1 += n,
+            _ => segs.push((p, n)),
+        };
+        if let Layout::Stitched {
+            head, runs, tail, ..
+        } = layout
+        {
+            if *head != NIL {
+                push(self.blocks[*head as usize].page, 1);
+            }
+            for &(s, l) in runs {
+                push(s, l);
+            }
+            if *tail != NIL {
+                push(self.blocks[*tail as usize].page, 1);
+            }
+        }
+        segs
+    }
+
+    /// Gives a placed layout its address: the direct map when its pages are consecutive,
+    /// else pages of the stitching window, mapped.
+    fn address(&mut self, layout: &mut Layout) -> Result<u64> {
+        match layout {
+            Layout::None => unreachable!("no layout"),
+            Layout::Block(b) => {
+                let blk = self.blocks[*b as usize];
+                Ok(self.direct_addr(blk.page, blk.off))
+            }
+            Layout::Stitched { head, .. } => {
+                let head_off = if *head == NIL {
+                    0
+                } else {
+                    self.blocks[*head as usize].off
+                };
+                let segs = self.segments(layout);
+                if segs.len() == 1 {
+                    return Ok(self.direct_addr(segs[0].0, head_off));
+                }
+                let total: u32 = segs.iter().map(|s| s.1).sum();
+                let w = self.window.alloc(total).ok_or_else(|| {
+                    Error::OutOfMemory("the pool's stitching window is exhausted".into())
+                })?;
+                let ps = self.cfg.page_size;
+                let base = self.window_base + ((w as u64) << self.page_shift);
+                let mut va = base;
+                for &(p, n) in &segs {
+                    let len = n as u64 * ps;
+                    if let Err(e) = self.dev.backend.map(va, (p as u64) << self.page_shift, len) {
+                        let _ = self.dev.backend.unmap(base, va - base);
+                        self.window.free(w, total);
+                        return Err(e);
+                    }
+                    va += len;
+                }
+                if let Layout::Stitched {
+                    window, window_len, ..
+                } = layout
+                {
+                    *window = w;
+                    *window_len = total;
+                }
+                self.counters.stitched += 1;
+                Ok(base + head_off as u64 * GRANULE)
+            }
+        }
+    }
+
+    /// Returns a layout's memory: blocks, pages and window.
+    fn unplace(&mut self, layout: Layout) {
+        match layout {
+            Layout::None => {}
+            Layout::Block(b) => self.release_block(b),
+            Layout::Stitched {
+                head,
+                runs,
+                tail,
+                window,
+                window_len,
+            } => {
+                if window != NIL {
+                    let va = self.window_base + ((window as u64) << self.page_shift);
+                    let len = (window_len as u64) << self.page_shift;
+                    let r = self.dev.backend.unmap(va, len);
+                    debug_assert!(r.is_ok(), "unmap failed: {r:?}");
+                    self.window.free(window, window_len);
+                }
+                if head != NIL {
+                    self.release_block(head);
+                }
+                for (s, l) in runs {
+                    for p in s..s + l {
+                        self.page_to(p, PageKind::Free, NIL);
+                    }
+                    self.free_pages.free(s, l);
+                }
+                if tail != NIL {
+                    self.release_block(tail);
+                }
+            }
+        }
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Allocation slots
+
+    fn new_slot(&mut self) -> u32 {
+        if let Some(i) = self.vacant_allocs.pop() {
+            i
+        } else {
+            self.allocs.push(Alloc {
+                generation: 0,
+                state: State::Vacant,
+                size: 0,
+                units: 0,
+                ptr: 0,
+                stream: 0,
+                movable: false,
+                pins: 0,
+                scope: 0,
+                fence: 0,
+                layout: Layout::None,
+            });
+            (self.allocs.len() - 1) as u32
+        }
+    }
+
+    fn id(&self, a: u32) -> AllocId {
+        AllocId {
+            index: a,
+            generation: self.allocs[a as usize].generation,
+        }
+    }
+
+    fn info_of(&self, a: u32) -> AllocInfo {
+        let x = &self.allocs[a as usize];
+        AllocInfo {
+            id: self.id(a),
+            ptr: x.ptr,
+            size: x.size,
+            rounded: x.units * GRANULE,
+            stream: x.stream,
+            freeing: x.state == State::Freeing,
+            movable: x.movable,
+            stitched: matches!(
+                x.layout,
+                Layout::Stitched { window, .. } if window != NIL
+            ),
+            pins: x.pins,
+            scope: x.scope,
+        }
+    }
+
+    /// The slot of a handle naming a live allocation.
+    fn resolve(&self, id: AllocId) -> Result<u32> {
+        match self.allocs.get(id.index as usize) {
+            Some(x) if x.generation == id.generation && x.state == State::Live => Ok(id.index),
+            Some(x) if x.generation == id.generation && x.state == State::Freeing => {
+                Err(Error::InvalidFree(format!(
+                    "allocation {:#x} was already freed on stream {} (fence {})",
+                    x.ptr, x.stream, x.fence
+                )))
+            }
+            Some(x) if x.generation > id.generation || x.state == State::Vacant => {
+                Err(Error::InvalidFree(
+                    "allocation was already freed (double free or stale handle)".into(),
+                ))
+            }
+            _ => Err(Error::InvalidHandle(format!(
+                "no allocation {:#x} in this pool",
+                id.to_bits()
+            ))),
+        }
+    }
+
+    fn validate_size(&self, size: u64) -> Result<u64> {
+        if size == 0 {
+            return Err(invalid_size(
+                "allocation size must be at least 1 byte".into(),
+            ));
+        }
+        let max = self.max_size();
+        if size > max {
+            return Err(invalid_size(format!(
+                "cannot allocate {}: larger than the pool can ever hold ({})",
+                format_size(size),
+                format_size(max)
+            )));
+        }
+        Ok(size.div_ceil(GRANULE))
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Public operations
+
+    /// Allocates `req.size` bytes. On failure nothing is allocated; the error says why.
+    pub fn alloc(&mut self, req: Request) -> Result<(AllocId, u64)> {
+        self.open()?;
+        let units = self.validate_size(req.size)?;
+        self.counters.calls += 1;
+        let timed = self.counters.calls % LATENCY_SAMPLE == 0;
+        let t0 = timed.then(Instant::now);
+        let r = self.alloc_inner(req, units);
+        if let Some(t0) = t0 {
+            self.latency.record(t0.elapsed().as_nanos() as u64);
+        }
+        self.check();
+        r
+    }
+
+    fn alloc_inner(&mut self, req: Request, units: u64) -> Result<(AllocId, u64)> {
+        if let Some(r) = self.reuse(req, units) {
+            return Ok(r);
+        }
+        let a = self.new_slot();
+        let mut layout = match self.place(units, a, false) {
+            Some(l) => l,
+            None => {
+                // The way to out of memory: compact what may move, then use anything.
+                if self.has_movable() {
+                    self.defrag_inner();
+                }
+                match self.place(units, a, true) {
+                    Some(l) => l,
+                    None => {
+                        self.vacant_allocs.push(a);
+                        self.counters.failures += 1;
+                        return Err(self.oom_error(req.size));
+                    }
+                }
+            }
+        };
+        let ptr = match self.address(&mut layout) {
+            Ok(p) => p,
+            Err(e) => {
+                self.unplace(layout);
+                self.vacant_allocs.push(a);
+                self.counters.failures += 1;
+                return Err(e);
+            }
+        };
+        let x = &mut self.allocs[a as usize];
+        x.state = State::Live;
+        x.size = req.size;
+        x.units = units;
+        x.ptr = ptr;
+        x.stream = req.stream;
+        x.movable = req.movable;
+        x.pins = 0;
+        x.scope = req.scope;
+        x.layout = layout;
+        self.by_ptr.insert(ptr, a);
+        self.count_alloc(req.size, units);
+        if req.scope != 0 {
+            let g = self.allocs[a as usize].generation;
+            if let Some(v) = self.scopes.get_mut(&req.scope) {
+                v.push((a, g));
+            }
+        }
+        Ok((self.id(a), ptr))
+    }
+
+    fn place(&mut self, units: u64, a: u32, relaxed: bool) -> Option<Layout> {
+        if units < self.small_units {
+            self.place_small(units as u32, a, relaxed)
+        } else {
+            self.place_large(units, a, relaxed)
+        }
+    }
+
+    fn count_alloc(&mut self, size: u64, units: u64) {
+        let c = &mut self.counters;
+        c.allocs += 1;
+        c.live_bytes += size;
+        c.used_bytes += units * GRANULE;
+        c.peak_live = c.peak_live.max(c.live_bytes);
+        c.peak_used = c.peak_used.max(c.used_bytes);
+    }
+
+    /// Same-stream reuse: memory freed on `req.stream` and still waiting for its fence may
+    /// serve a request of the same rounded size on that stream at once (work on one stream
+    /// runs in order).
+    fn reuse(&mut self, req: Request, units: u64) -> Option<(AllocId, u64)> {
+        let st = self.streams.get_mut(&req.stream)?;
+        let v = st.reuse.get_mut(&units)?;
+        while let Some((a, g)) = v.pop() {
+            let x = &mut self.allocs[a as usize];
+            if x.generation == g && x.state == State::Freeing && x.stream == req.stream {
+                x.generation += 1;
+                x.state = State::Live;
+                x.size = req.size;
+                x.movable = req.movable;
+                x.scope = req.scope;
+                let ptr = x.ptr;
+                self.counters.freeing_bytes -= units * GRANULE;
+                self.counters.used_bytes -= units * GRANULE;
+                self.counters.reused += 1;
+                self.count_alloc(req.size, units);
+                if req.scope != 0 {
+                    if let Some(s) = self.scopes.get_mut(&req.scope) {
+                        s.push((a, g + 1));
+                    }
+                }
+                return Some((self.id(a), ptr));
+            }
+        }
+        None
+    }
+
+    /// Frees an allocation now.
+    pub fn free(&mut self, id: AllocId) -> Result<()> {
+        self.open()?;
+        let a = self.resolve(id)?;
+        self.check_unpinned(a)?;
+        let x = &self.allocs[a as usize];
+        self.counters.live_bytes -= x.size;
+        self.counters.frees += 1;
+        self.finish_free(a);
+        self.after_free();
+        self.check();
+        Ok(())
+    }
+
+    fn check_unpinned(&self, a: u32) -> Result<()> {
+        let x = &self.allocs[a as usize];
+        if x.pins > 0 {
+            return Err(Error::InvalidState(format!(
+                "allocation {:#x} has {} live views (buffers or DLPack capsules); release them \
+                 before freeing it",
+                x.ptr, x.pins
+            )));
+        }
+        Ok(())
+    }
+
+    /// The memory of slot `a` (live or freeing) goes back; the slot becomes vacant.
+    fn finish_free(&mut self, a: u32) {
+        let x = &mut self.allocs[a as usize];
+        let (ptr, units, freeing) = (x.ptr, x.units, x.state == State::Freeing);
+        let layout = std::mem::replace(&mut x.layout, Layout::None);
+        x.state = State::Vacant;
+        x.generation = x.generation.wrapping_add(1);
+        if self.cfg.scrub {
+            let r = self.dev.backend.zero(ptr, units * GRANULE);
+            debug_assert!(r.is_ok(), "scrub failed: {r:?}");
+        }
+        self.unplace(layout);
+        self.by_ptr.remove(&ptr);
+        self.vacant_allocs.push(a);
+        self.counters.used_bytes -= units * GRANULE;
+        if freeing {
+            self.counters.freeing_bytes -= units * GRANULE;
+        }
+    }
+
+    /// Frees the allocation at `ptr` now. A pointer inside an allocation or outside every one
+    /// is refused.
+    pub fn free_ptr(&mut self, ptr: u64) -> Result<()> {
+        let a = self.slot_of_ptr(ptr)?;
+        self.free(self.id(a))
+    }
+
+    fn slot_of_ptr(&self, ptr: u64) -> Result<u32> {
+        self.open()?;
+        if let Some(&a) = self.by_ptr.get(&ptr) {
+            return match self.allocs[a as usize].state {
+                State::Freeing => Err(Error::InvalidFree(format!(
+                    "{ptr:#x} was already freed on stream {}",
+                    self.allocs[a as usize].stream
+                ))),
+                _ => Ok(a),
+            };
+        }
+        let inside = self
+            .allocs
+            .iter()
+            .find(|x| x.state != State::Vacant && ptr > x.ptr && ptr < x.ptr + x.units * GRANULE);
+        Err(match inside {
+            Some(x) => Error::InvalidFree(format!(
+                "{ptr:#x} points inside the allocation at {:#x} (interior pointer)",
+                x.ptr
+            )),
+            None => Error::InvalidFree(format!(
+                "{ptr:#x} is not an allocation of this pool (foreign pointer or double free)"
+            )),
+        })
+    }
+
+    /// Frees on `stream`: the memory stays "freeing" until the returned fence completes
+    /// (`complete` or `synchronize`); until then only `stream` may reuse it.
+    pub fn free_async(&mut self, id: AllocId, stream: u64) -> Result<u64> {
+        self.open()?;
+        let a = self.resolve(id)?;
+        self.check_unpinned(a)?;
+        let fence = self.next_fence;
+        self.next_fence += 1;
+        let x = &mut self.allocs[a as usize];
+        x.state = State::Freeing;
+        x.stream = stream;
+        x.fence = fence;
+        let (g, units, size) = (x.generation, x.units, x.size);
+        let st = self.streams.entry(stream).or_default();
+        st.pending.push_back((fence, a, g));
+        st.reuse.entry(units).or_default().push((a, g));
+        self.fence_stream.insert(fence, stream);
+        self.counters.live_bytes -= size;
+        self.counters.freeing_bytes += units * GRANULE;
+        self.counters.frees += 1;
+        self.check();
+        Ok(fence)
+    }
+
+    /// Fence `fence` has completed: every free on its stream up to it is done. Returns the
+    /// number of allocations whose memory became free. A fence that completed before is
+    /// accepted and does nothing.
+    pub fn complete(&mut self, fence: u64) -> Result<u64> {
+        self.open()?;
+        if fence == 0 || fence >= self.next_fence {
+            return Err(Error::InvalidArgument(format!(
+                "fence {fence} was never issued by this pool"
+            )));
+        }
+        let Some(&stream) = self.fence_stream.get(&fence) else {
+            return Ok(0);
+        };
+        let n = self.drain(stream, fence);
+        self.after_free();
+        self.check();
+        Ok(n)
+    }
+
+    /// Completes every pending free on `stream` (all streams if None).
+    pub fn synchronize(&mut self, stream: Option<u64>) -> Result<u64> {
+        self.open()?;
+        let streams: Vec<u64> = match stream {
+            Some(s) => vec![s],
+            None => self.streams.keys().copied().collect(),
+        };
+        let n = streams.into_iter().map(|s| self.drain(s, u64::MAX)).sum();
+        self.after_free();
+        self.check();
+        Ok(n)
+    }
+
+    fn drain(&mut self, stream: u64, upto: u64) -> u64 {
+        let Some(mut st) = self.streams.remove(&stream) else {
+            return 0;
+        };
+        let mut n = 0;
+        while let Some(&(f, a, g)) = st.pending.front() {
+            if f > upto {
+                break;
+            }
+            st.pending.pop_front();
+            self.fence_stream.remove(&f);
+            let x = &self.allocs[a as usize];
+            if x.generation == g && x.state == State::Freeing && x.fence == f {
+                self.finish_free(a);
+                n += 1;
+            }
+        }
+        if !st.pending.is_empty() {
+            self.streams.insert(stream, st);
+        }
+        n
+    }
+
+    /// Pending stream-ordered frees.
+    pub fn pending_frees(&self) -> u64 {
+        self.allocs
+            .iter()
+            .filter(|x| x.state == State::Freeing)
+            .count() as u64
+    }
+
+    /// Allocates every size in `sizes` (all or none) and appends the pointers to `out`.
+    pub fn alloc_batch(&mut self, sizes: &[u64], stream: u64, out: &mut Vec<u64>) -> Result<()> {
+        self.open()?;
+        for &s in sizes {
+            self.validate_size(s)?;
+        }
+        let start = out.len();
+        let mut ids = Vec::with_capacity(sizes.len());
+        let check = std::mem::replace(&mut self.cfg.check, false);
+        let mut result = Ok(());
+        for &size in sizes {
+            let req = Request {
+                size,
+                stream,
+                ..Request::default()
+            };
+            match self.alloc(req) {
+                Ok((id, ptr)) => {
+                    ids.push(id);
+                    out.push(ptr);
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if result.is_err() {
+            for id in ids {
+                let _ = self.free(id);
+            }
+            out.truncate(start);
+        }
+        self.cfg.check = check;
+        self.check();
+        result
+    }
+
+    /// Frees every pointer in `ptrs` (all or none: each must be a live, unpinned allocation,
+    /// named once).
+    pub fn free_batch(&mut self, ptrs: &[u64]) -> Result<()> {
+        let mut slots = Vec::with_capacity(ptrs.len());
+        let mut seen = rustc_hash::FxHashSet::default();
+        for &p in ptrs {
+            let a = self.slot_of_ptr(p)?;
+            self.check_unpinned(a)?;
+            if !seen.insert(a) {
+                return Err(Error::InvalidFree(format!(
+                    "{p:#x} appears twice in one free"
+                )));
+            }
+            slots.push(a);
+        }
+        for a in slots {
+            self.counters.live_bytes -= self.allocs[a as usize].size;
+            self.counters.frees += 1;
+            self.finish_free(a);
+        }
+        self.after_free();
+        self.check();
+        Ok(())
+    }
+
+    /// A view of the allocation is exported (buffer, DLPack): it may not be freed or moved
+    /// until `unpin`.
+    pub fn pin(&mut self, id: AllocId) -> Result<()> {
+        self.open()?;
+        let a = self.resolve(id)?;
+        self.allocs[a as usize].pins += 1;
+        Ok(())
+    }
+
+    pub fn unpin(&mut self, id: AllocId) -> Result<()> {
+        let a = self.resolve(id)?;
+        let x = &mut self.allocs[a as usize];
+        if x.pins == 0 {
+            return Err(Error::InvalidState(format!("{:#x} is not pinned", x.ptr)));
+        }
+        x.pins -= 1;
+        Ok(())
+    }
+
+    pub fn info(&self, id: AllocId) -> Result<AllocInfo> {
+        self.open()?;
+        Ok(self.info_of(self.resolve(id)?))
+    }
+
+    /// Every live and freeing allocation.
+    pub fn allocations(&self) -> Vec<AllocInfo> {
+        (0..self.allocs.len() as u32)
+            .filter(|&a| self.allocs[a as usize].state != State::Vacant)
+            .map(|a| self.info_of(a))
+            .collect()
+    }
+
+    pub fn open_scope(&mut self) -> Result<u32> {
+        self.open()?;
+        let s = self.next_scope;
+        self.next_scope += 1;
+        self.scopes.insert(s, Vec::new());
+        Ok(s)
+    }
+
+    /// Closes a scope: frees what was allocated inside it and is still live, and says what.
+    pub fn close_scope(&mut self, scope: u32) -> Result<ScopeReport> {
+        let list = self
+            .scopes
+            .remove(&scope)
+            .ok_or_else(|| Error::InvalidArgument(format!("no open scope {scope}")))?;
+        let mut report = ScopeReport {
+            allocs: list.len() as u64,
+            ..ScopeReport::default()
+        };
+        if self.closed {
+            return Ok(report);
+        }
+        for (a, g) in list {
+            let x = &self.allocs[a as usize];
+            if x.generation == g && x.state == State::Live && x.pins == 0 {
+                report.leaked.push(self.info_of(a));
+                self.counters.live_bytes -= x.size;
+                self.counters.frees += 1;
+                self.finish_free(a);
+                report.freed += 1;
+            }
+        }
+        self.after_free();
+        self.check();
+        Ok(report)
+    }
+
+    /// Gives free pages back to the device until at most `keep` bytes of them stay.
+    pub fn trim(&mut self, keep: u64) -> Result<u64> {
+        self.open()?;
+        let n = self.release_pages(keep);
+        self.check();
+        Ok(n)
+    }
+
+    /// Whether any live allocation may be moved.
+    fn has_movable(&self) -> bool {
+        self.allocs
+            .iter()
+            .any(|x| x.state == State::Live && x.movable && x.pins == 0)
+    }
+
+    /// Compacts heap pages: moves movable allocations out of the emptiest heap pages into
+    /// free blocks of the others (copying their bytes), then gives every free page back to the
+    /// device.
+    pub fn defrag(&mut self) -> Result<DefragReport> {
+        self.open()?;
+        let mut report = self.defrag_inner();
+        report.bytes_released = self.release_pages(0);
+        self.check();
+        Ok(report)
+    }
+
+    fn defrag_inner(&mut self) -> DefragReport {
+        let mut report = DefragReport::default();
+        let mut heap: Vec<(u32, u32)> = (0..self.pages.len() as u32)
+            .filter(|&p| self.pages[p as usize].kind == PageKind::Heap)
+            .map(|p| (self.pages[p as usize].used, p))
+            .filter(|&(used, _)| used <= self.pg / 2)
+            .collect();
+        heap.sort_unstable();
+        for (_, p) in heap {
+            if self.pages[p as usize].kind != PageKind::Heap {
+                continue;
+            }
+            let used: Vec<u32> = self
+                .page_blocks(p)
+                .filter(|&b| !self.blocks[b as usize].free)
+                .collect();
+            let movable = used.iter().all(|&b| {
+                let x = &self.allocs[self.blocks[b as usize].alloc as usize];
+                x.state == State::Live && x.movable && x.pins == 0
+            });
+            if !movable {
+                continue;
+            }
+            let free: Vec<u32> = self
+                .page_blocks(p)
+                .filter(|&b| self.blocks[b as usize].free)
+                .collect();
+            for b in free {
+                self.remove_free(b);
+            }
+            self.evacuating = p;
+            for b in used {
+                let len = self.blocks[b as usize].len;
+                let Some(nb) = self
+                    .heap_bins
+                    .find_fit(&self.link0, len, SCAN, self.block_len())
+                else {
+                    break;
+                };
+                self.remove_free(nb);
+                let a = self.blocks[b as usize].alloc;
+                let nb = self.carve(nb, 0, len, a);
+                let old = self.allocs[a as usize].ptr;
+                let new =
+                    self.direct_addr(self.blocks[nb as usize].page, self.blocks[nb as usize].off);
+                let r = self.dev.backend.copy(new, old, len as u64 * GRANULE);
+                debug_assert!(r.is_ok(), "defrag copy failed: {r:?}");
+                let x = &mut self.allocs[a as usize];
+                x.ptr = new;
+                x.layout = Layout::Block(nb);
+                self.by_ptr.remove(&old);
+                self.by_ptr.insert(new, a);
+                report.moved_allocs += 1;
+                report.moved_bytes += len as u64 * GRANULE;
+                report.moves.push((self.id(a), old, new));
+                self.release_block(b);
+            }
+            if self.evacuating == p {
+                // not emptied: its free blocks go back to the bins
+                self.evacuating = NIL;
+                let free: Vec<u32> = self
+                    .page_blocks(p)
+                    .filter(|&b| self.blocks[b as usize].free)
+                    .collect();
+                for b in free {
+                    self.insert_free(b);
+                }
+            } else {
+                report.pages_emptied += 1;
+            }
+        }
+        report
+    }
+
+    fn page_blocks(&self, p: u32) -> impl Iterator<Item = u32> + '_ {
+        let mut cur = self.pages[p as usize].first;
+        std::iter::from_fn(move || {
+            (cur != NIL).then(|| {
+                let b = cur;
+                cur = self.blocks[b as usize].next;
+                b
+            })
+        })
+    }
+
+    /// Frees everything (pending frees included), gives all pages back and refuses every
+    /// later call. Refused while any allocation has a live view. Returns how many allocations
+    /// were still live.
+    pub fn close(&mut self) -> Result<u64> {
+        if self.closed {
+            return Ok(0);
+        }
+        if let Some(x) = self
+            .allocs
+            .iter()
+            .find(|x| x.state != State::Vacant && x.pins > 0)
+        {
+            return Err(Error::InvalidState(format!(
+                "cannot close the pool: the allocation at {:#x} has {} live views",
+                x.ptr, x.pins
+            )));
+        }
+        let mut live = 0;
+        for a in 0..self.allocs.len() as u32 {
+            let st = self.allocs[a as usize].state;
+            if st != State::Vacant {
+                if st == State::Live {
+                    live += 1;
+                    self.counters.live_bytes -= self.allocs[a as usize].size;
+                }
+                self.finish_free(a);
+            }
+        }
+        self.streams.clear();
+        self.fence_stream.clear();
+        self.release_pages(0);
+        self.dev
+            .backend
+            .unreserve(self.window_base, self.window_bytes);
+        self.closed = true;
+        self.check();
+        Ok(live)
+    }
+
+    fn oom_error(&self, size: u64) -> Error {
+        let s = self.stats();
+        let device_free = {
+            let pmm = self.dev.pmm.lock();
+            let st = pmm.stats();
+            st.vidmem - st.allocated_bytes
+        };
+        Error::OutOfMemory(format!(
+            "out of memory: cannot allocate {} ({} rounded); pool: live {}, reserved {}, free {} \
+             (largest free run {}, fragmentation {:.1} %), limit {}; device: {} free",
+            format_size(size),
+            format_size(size.div_ceil(GRANULE) * GRANULE),
+            format_size(s.live_bytes),
+            format_size(s.reserved_bytes),
+            format_size(s.free_bytes),
+            format_size(s.largest_free_run),
+            s.fragmentation * 100.0,
+            format_size(self.max_size()),
+            format_size(device_free),
+        ))
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}

@@ -1,0 +1,250 @@
+//! Runs of free units over a fixed index space: the pool's free pages (units are pages of the
+//! device) and its stitching window (units are pages of virtual address space).
+//!
+//! Free runs are kept maximal: two free runs never touch. Boundary tags give O(1) merging:
+//! `start_len[i]` is the length of the free run that starts at `i` (0 if none does), and
+//! `end_start[i]` is the start of the free run that ends at `i` (NIL if none does). Runs sit
+//! in [`Bins`] by length, linked through `links[start]`.
+
+#![deny(unsafe_code)]
+
+use super::bins::{bin_of, Bins, Link, NIL};
+
+#[derive(Clone, Debug)]
+pub struct Runs {
+    start_len: Vec<u32>,
+    end_start: Vec<u32>,
+    links: Vec<Link>,
+    bins: Bins,
+    free_units: u64,
+}
+
+impl Runs {
+    /// An index space of `units` units, none of them free.
+    pub fn new(units: u32) -> Self {
+        let n = units as usize;
+        Runs {
+            start_len: vec![0; n],
+            end_start: vec![NIL; n],
+            links: vec![Link::UNLINKED; n],
+            bins: Bins::default(),
+            free_units: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.start_len.len() as u32
+    }
+
+    pub fn free_units(&self) -> u64 {
+        self.free_units
+    }
+
+    pub fn num_runs(&self) -> usize {
+        self.bins.len()
+    }
+
+    fn link(&mut self, start: u32, len: u32) {
+        self.start_len[start as usize] = len;
+        self.end_start[(start + len - 1) as usize] = start;
+        self.bins.push(&mut self.links, start, bin_of(len));
+    }
+
+    fn unlink(&mut self, start: u32) -> u32 {
+        let len = self.start_len[start as usize];
+        self.bins.remove(&mut self.links, start, bin_of(len));
+        self.start_len[start as usize] = 0;
+        self.end_start[(start + len - 1) as usize] = NIL;
+        len
+    }
+
+    /// Frees `[start, start + len)`, merging with the free runs on either side. The caller
+    /// guarantees the range is in bounds and not free (checked in debug builds).
+    pub fn free(&mut self, start: u32, len: u32) {
+        debug_assert!(len > 0 && start as u64 + len as u64 <= self.capacity() as u64);
+        let (mut s, mut l) = (start, len);
+        if s > 0 {
+            let left = self.end_start[(s - 1) as usize];
+            if left != NIL {
+                let ll = self.unlink(left);
+                s = left;
+                l += ll;
+            }
+        }
+        let right = start + len;
+        if right < self.capacity() && self.start_len[right as usize] != 0 {
+            l += self.unlink(right);
+        }
+        self.link(s, l);
+        self.free_units += len as u64;
+    }
+
+    /// Takes `n` contiguous units, good fit; `None` if no run holds `n`.
+    #[inline]
+    pub fn alloc(&mut self, n: u32) -> Option<u32> {
+        let start = self
+            .bins
+            .find_fit(&self.links, n, 4, |i| self.start_len[i as usize])?;
+        self.take_front(start, n);
+        Some(start)
+    }
+
+    /// Takes `n` units from the front of the free run starting at `start` (which holds `n`).
+    fn take_front(&mut self, start: u32, n: u32) {
+        let len = self.unlink(start);
+        debug_assert!(len >= n);
+        if len > n {
+            self.link(start + n, len - n);
+        }
+        self.free_units -= n as u64;
+    }
+
+    /// Takes `n` units starting exactly at `start` if a free run starts there and holds them.
+    pub fn alloc_at(&mut self, start: u32, n: u32) -> bool {
+        if (start as usize) < self.start_len.len() && self.start_len[start as usize] >= n {
+            self.take_front(start, n);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Takes `n` units in as few runs as the free runs allow (one if a run holds `n`, else
+    /// the largest runs first), or nothing if fewer than `n` are free.
+    pub fn alloc_scattered(&mut self, n: u32, out: &mut Vec<(u32, u32)>) -> bool {
+        if (n as u64) > self.free_units {
+            return false;
+        }
+        if let Some(s) = self.alloc(n) {
+            out.push((s, n));
+            return true;
+        }
+        let mut left = n;
+        while left > 0 {
+            let b = self
+                .bins
+                .last_at_or_below(super::bins::NUM_BINS - 1)
+                .expect("free_units counts the runs");
+            let start = self.bins.head(b);
+            let take = self.start_len[start as usize].min(left);
+            self.take_front(start, take);
+            out.push((start, take));
+            left -= take;
+        }
+        true
+    }
+
+    /// The length of the longest free run.
+    pub fn largest(&self) -> u32 {
+        self.bins
+            .last_at_or_below(super::bins::NUM_BINS - 1)
+            .map(|b| {
+                self.bins
+                    .iter(&self.links, b)
+                    .map(|s| self.start_len[s as usize])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .unwrap_or(0)
+    }
+
+    /// Every free run as (start, len), lowest start first.
+    pub fn runs(&self) -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = (0..super::bins::NUM_BINS)
+            .flat_map(|b| self.bins.iter(&self.links, b))
+            .map(|s| (s, self.start_len[s as usize]))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Takes the whole free run starting at `start`.
+    pub fn take_run(&mut self, start: u32) -> u32 {
+        let n = self.unlink(start);
+        self.free_units -= n as u64;
+        n
+    }
+
+    /// Is unit `i` inside a free run? O(run length) — for checks only.
+    pub fn is_free_slow(&self, i: u32) -> bool {
+        self.runs().iter().any(|&(s, l)| i >= s && i < s + l)
+    }
+
+    /// Checks every invariant; returns a description of the first broken one.
+    pub fn validate(&self) -> Result<(), String> {
+        let runs = self.runs();
+        if runs.len() != self.bins.len() {
+            return Err(format!(
+                "{} runs listed, {} binned",
+                runs.len(),
+                self.bins.len()
+            ));
+        }
+        let mut total = 0u64;
+        let mut prev_end: Option<u32> = None;
+        for &(s, l) in &runs {
+            if l == 0 || s as u64 + l as u64 > self.capacity() as u64 {
+                return Err(format!("run {s}+{l} out of bounds"));
+            }
+            if prev_end == Some(s) {
+                return Err(format!("free runs touch at {s} (not merged)"));
+            }
+            if prev_end.is_some_and(|e| e > s) {
+                return Err(format!("free runs overlap at {s}"));
+            }
+            if self.end_start[(s + l - 1) as usize] != s {
+                return Err(format!("end tag of run {s}+{l} is wrong"));
+            }
+            prev_end = Some(s + l);
+            total += l as u64;
+        }
+        let starts = self.start_len.iter().filter(|&&l| l != 0).count();
+        let ends = self.end_start.iter().filter(|&&s| s != NIL).count();
+        if starts != runs.len() || ends != runs.len() {
+            return Err(format!(
+                "{starts} start tags and {ends} end tags for {} runs",
+                runs.len()
+            ));
+        }
+        if total != self.free_units {
+            return Err(format!(
+                "free_units {} but runs hold {total}",
+                self.free_units
+            ));
+        }
+        for b in 0..super::bins::NUM_BINS {
+            for s in self.bins.iter(&self.links, b) {
+                if bin_of(self.start_len[s as usize]) != b {
+                    return Err(format!("run at {s} in the wrong bin"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_and_split() {
+        let mut r = Runs::new(100);
+        r.free(10, 5);
+        r.free(20, 5);
+        r.free(15, 5); // bridges the two
+        r.validate().unwrap();
+        assert_eq!(r.runs(), vec![(10, 15)]);
+        assert_eq!(r.alloc(4), Some(10));
+        assert_eq!(r.runs(), vec![(14, 11)]);
+        assert!(!r.alloc_at(13, 1));
+        assert!(r.alloc_at(14, 2));
+        r.free(0, 3);
+        let mut out = vec![];
+        assert!(!r.alloc_scattered(13, &mut out));
+        assert!(r.alloc_scattered(12, &mut out));
+        assert_eq!(out, vec![(16, 9), (0, 3)]);
+        assert_eq!(r.free_units(), 0);
+        r.validate().unwrap();
+    }
+}

@@ -1,0 +1,439 @@
+//! Two tiers of pool statistics: counters kept current by every operation, and on demand a
+//! walk (`stats`: fragmentation, page kinds, live sizes) and a full check (`validate`).
+
+use super::bins::{bin_lower, bin_of, NUM_BINS};
+use super::*;
+
+/// An HDR-style latency histogram: the bins of [`bin_of`] over nanoseconds, so every
+/// recorded value is known to within 12.5 %.
+#[derive(Clone, Debug)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    n: u64,
+    sum: u64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: vec![0; NUM_BINS],
+            n: 0,
+            sum: 0,
+        }
+    }
+}
+
+impl Histogram {
+    pub fn record(&mut self, ns: u64) {
+        self.counts[bin_of(ns.min(u32::MAX as u64) as u32)] += 1;
+        self.n += 1;
+        self.sum += ns;
+    }
+
+    pub fn len(&self) -> u64 {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    pub fn mean(&self) -> f64 {
+        if self.n == 0 {
+            0.0
+        } else {
+            self.sum as f64 / self.n as f64
+        }
+    }
+
+    /// The value at quantile `q` (0..=1): the midpoint of the bin that holds it.
+    pub fn quantile(&self, q: f64) -> f64 {
+        if self.n == 0 {
+            return 0.0;
+        }
+        let rank = ((q * self.n as f64).ceil() as u64).clamp(1, self.n);
+        let mut seen = 0;
+        for (b, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                let lo = bin_lower(b) as f64;
+                let hi = if b + 1 < NUM_BINS {
+                    bin_lower(b + 1) as f64
+                } else {
+                    lo
+                };
+                return (lo + hi) / 2.0;
+            }
+        }
+        unreachable!("rank within count")
+    }
+}
+
+/// A picture of a pool. Bytes unless named otherwise.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolStats {
+    pub page_size: u64,
+    /// Sum of requested sizes of live allocations.
+    pub live_bytes: u64,
+    /// Rounded sizes of live and freeing allocations.
+    pub used_bytes: u64,
+    /// Rounded sizes of allocations freed on a stream whose fence has not completed.
+    pub freeing_bytes: u64,
+    /// Pages the pool holds from the device.
+    pub reserved_bytes: u64,
+    /// `reserved - used`.
+    pub free_bytes: u64,
+    pub peak_live: u64,
+    pub peak_used: u64,
+    pub peak_reserved: u64,
+    /// The longest physically contiguous free range in the pool.
+    pub largest_free_run: u64,
+    /// `1 - largest_free_run / free_bytes` (0 when nothing is free).
+    pub fragmentation: f64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub failures: u64,
+    /// `allocs / (allocs + failures)` (1 when nothing was asked).
+    pub success_rate: f64,
+    pub reused: u64,
+    pub stitched: u64,
+    pub live_allocs: u64,
+    pub pending_frees: u64,
+    pub pages_free: u64,
+    pub pages_heap: u64,
+    pub pages_large: u64,
+    pub pages_full: u64,
+    /// Free bytes inside heap pages and inside large pages.
+    pub heap_free_bytes: u64,
+    pub large_free_bytes: u64,
+    pub pages_taken: u64,
+    pub pages_released: u64,
+    pub latency_samples: u64,
+    pub latency_mean_ns: f64,
+    pub latency_p50_ns: f64,
+    pub latency_p99_ns: f64,
+    /// Live allocations by size class: (largest size in the class, count, requested bytes),
+    /// classes are powers of two from 256 B.
+    pub live_by_size: Vec<(u64, u64, u64)>,
+}
+
+impl Pool {
+    pub fn stats(&self) -> PoolStats {
+        let c = &self.counters;
+        let ps = self.cfg.page_size;
+        let mut s = PoolStats {
+            page_size: ps,
+            live_bytes: c.live_bytes,
+            used_bytes: c.used_bytes,
+            freeing_bytes: c.freeing_bytes,
+            reserved_bytes: c.reserved_bytes,
+            free_bytes: c.reserved_bytes - c.used_bytes,
+            peak_live: c.peak_live,
+            peak_used: c.peak_used,
+            peak_reserved: c.peak_reserved,
+            allocs: c.allocs,
+            frees: c.frees,
+            failures: c.failures,
+            success_rate: if c.allocs + c.failures == 0 {
+                1.0
+            } else {
+                c.allocs as f64 / (c.allocs + c.failures) as f64
+            },
+            reused: c.reused,
+            stitched: c.stitched,
+            pages_taken: c.pages_taken,
+            pages_released: c.pages_released,
+            latency_samples: self.latency.len(),
+            latency_mean_ns: self.latency.mean(),
+            latency_p50_ns: self.latency.quantile(0.5),
+            latency_p99_ns: self.latency.quantile(0.99),
+            ..PoolStats::default()
+        };
+        for page in &self.pages {
+            match page.kind {
+                PageKind::Absent => {}
+                PageKind::Free => s.pages_free += 1,
+                PageKind::Heap => {
+                    s.pages_heap += 1;
+                    s.heap_free_bytes += (self.pg - page.used) as u64 * GRANULE;
+                }
+                PageKind::Large => {
+                    s.pages_large += 1;
+                    s.large_free_bytes += (self.pg - page.used) as u64 * GRANULE;
+                }
+                PageKind::Full => s.pages_full += 1,
+            }
+        }
+        // Free ranges in physical order, merged where they touch.
+        let mut free: Vec<(u64, u64)> = self
+            .free_pages
+            .runs()
+            .into_iter()
+            .map(|(p, n)| ((p as u64) * ps, n as u64 * ps))
+            .collect();
+        for blk in &self.blocks {
+            if blk.page != NIL && blk.free {
+                free.push((
+                    blk.page as u64 * ps + blk.off as u64 * GRANULE,
+                    blk.len as u64 * GRANULE,
+                ));
+            }
+        }
+        free.sort_unstable();
+        let (mut best, mut cur_start, mut cur_len) = (0u64, 0u64, 0u64);
+        for (start, len) in free {
+            if cur_len > 0 && cur_start + cur_len == start {
+                cur_len += len;
+            } else {
+                cur_start = start;
+                cur_len = len;
+            }
+            best = best.max(cur_len);
+        }
+        s.largest_free_run = best;
+        s.fragmentation = if s.free_bytes == 0 {
+            0.0
+        } else {
+            1.0 - best as f64 / s.free_bytes as f64
+        };
+        let mut classes: Vec<(u64, u64, u64)> = Vec::new();
+        for x in &self.allocs {
+            match x.state {
+                State::Live => s.live_allocs += 1,
+                State::Freeing => {
+                    s.pending_frees += 1;
+                    continue;
+                }
+                State::Vacant => continue,
+            }
+            let upper = x.size.next_power_of_two().max(GRANULE);
+            match classes.iter_mut().find(|c| c.0 == upper) {
+                Some(c) => {
+                    c.1 += 1;
+                    c.2 += x.size;
+                }
+                None => classes.push((upper, 1, x.size)),
+            }
+        }
+        classes.sort_unstable();
+        s.live_by_size = classes;
+        s
+    }
+
+    /// Checks every invariant of the module comment and recomputes every counter; returns a
+    /// description of the first broken one.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        self.free_pages
+            .validate()
+            .map_err(|e| format!("free pages: {e}"))?;
+        self.window.validate().map_err(|e| format!("window: {e}"))?;
+        let ps = self.cfg.page_size;
+        let mut free_runs = vec![false; self.pages.len()];
+        for (s, l) in self.free_pages.runs() {
+            for p in s..s + l {
+                free_runs[p as usize] = true;
+            }
+        }
+        let mut owned = 0u64;
+        let (mut nheap, mut nlarge, mut nsuffix, mut nprefix) = (0usize, 0usize, 0usize, 0usize);
+        let mut block_seen = 0usize;
+        for (p, page) in self.pages.iter().enumerate() {
+            let p = p as u32;
+            if (page.kind == PageKind::Free) != free_runs[p as usize] {
+                return Err(format!(
+                    "page {p} is {:?} but free-run membership says {}",
+                    page.kind, free_runs[p as usize]
+                ));
+            }
+            if page.kind != PageKind::Absent {
+                owned += 1;
+            }
+            match page.kind {
+                PageKind::Heap | PageKind::Large => {
+                    let (mut off, mut used, mut prev, mut prev_free) = (0u32, 0u32, NIL, false);
+                    for b in self.page_blocks(p) {
+                        block_seen += 1;
+                        let blk = &self.blocks[b as usize];
+                        if blk.page != p || blk.off != off || blk.prev != prev || blk.len == 0 {
+                            return Err(format!(
+                                "block {b} of page {p} misplaced: {blk:?} at {off}"
+                            ));
+                        }
+                        if blk.free {
+                            if prev_free {
+                                return Err(format!("free blocks touch in page {p} at {off}"));
+                            }
+                            if blk.off == 0 && blk.len == self.pg {
+                                return Err(format!("page {p} is one free block"));
+                            }
+                            if page.kind == PageKind::Heap {
+                                nheap += 1;
+                            } else {
+                                nlarge += 1;
+                                if blk.off + blk.len == self.pg {
+                                    nsuffix += 1;
+                                } else if blk.off == 0 {
+                                    nprefix += 1;
+                                }
+                            }
+                        } else {
+                            used += blk.len;
+                            let x = &self.allocs[blk.alloc as usize];
+                            let owns = match &x.layout {
+                                Layout::Block(ob) => *ob == b,
+                                Layout::Stitched { head, tail, .. } => *head == b || *tail == b,
+                                Layout::None => false,
+                            };
+                            if x.state == State::Vacant || !owns {
+                                return Err(format!("used block {b} of page {p} has no owner"));
+                            }
+                        }
+                        prev_free = blk.free;
+                        prev = b;
+                        off += blk.len;
+                    }
+                    if off != self.pg {
+                        return Err(format!(
+                            "blocks of page {p} cover {off} of {} granules",
+                            self.pg
+                        ));
+                    }
+                    if used != page.used {
+                        return Err(format!(
+                            "page {p} counts {} used, blocks say {used}",
+                            page.used
+                        ));
+                    }
+                }
+                PageKind::Full => {
+                    let x = &self.allocs[page.first as usize];
+                    let owns = matches!(&x.layout, Layout::Stitched { runs, .. }
+                        if runs.iter().any(|&(s, l)| p >= s && p < s + l));
+                    if x.state == State::Vacant || !owns {
+                        return Err(format!("full page {p} has no owner"));
+                    }
+                }
+                PageKind::Free | PageKind::Absent => {}
+            }
+        }
+        if block_seen + self.vacant_blocks.len() != self.blocks.len() {
+            return Err(format!(
+                "{} blocks in pages and {} vacant, of {}",
+                block_seen,
+                self.vacant_blocks.len(),
+                self.blocks.len()
+            ));
+        }
+        let binned = |bins: &Bins,
+                      links: &[Link],
+                      want_heap: Option<bool>|
+         -> std::result::Result<(), String> {
+            for b in 0..NUM_BINS {
+                for i in bins.iter(links, b) {
+                    let blk = &self.blocks[i as usize];
+                    if blk.page == NIL || !blk.free || bin_of(blk.len) != b {
+                        return Err(format!("block {i} wrongly binned: {blk:?}"));
+                    }
+                    let heap = self.pages[blk.page as usize].kind == PageKind::Heap;
+                    if want_heap.is_some_and(|w| w != heap) {
+                        return Err(format!("block {i} in the bins of the other page kind"));
+                    }
+                }
+            }
+            Ok(())
+        };
+        binned(&self.heap_bins, &self.link0, Some(true))?;
+        binned(&self.large_bins, &self.link0, Some(false))?;
+        binned(&self.suffix_bins, &self.link1, Some(false))?;
+        binned(&self.prefix_bins, &self.link1, Some(false))?;
+        let evac = if self.evacuating == NIL { 0 } else { 1 };
+        if self.heap_bins.len() != nheap && evac == 0
+            || self.large_bins.len() != nlarge
+            || self.suffix_bins.len() != nsuffix
+            || self.prefix_bins.len() != nprefix
+        {
+            return Err(format!(
+                "bins hold {}/{}/{}/{} free blocks, pages {nheap}/{nlarge}/{nsuffix}/{nprefix}",
+                self.heap_bins.len(),
+                self.large_bins.len(),
+                self.suffix_bins.len(),
+                self.prefix_bins.len()
+            ));
+        }
+        if owned * ps != self.counters.reserved_bytes {
+            return Err(format!(
+                "{owned} pages held but reserved_bytes is {}",
+                self.counters.reserved_bytes
+            ));
+        }
+        let (mut live, mut used, mut freeing, mut mapped) = (0u64, 0u64, 0u64, 0u64);
+        let mut n = 0usize;
+        for (a, x) in self.allocs.iter().enumerate() {
+            if x.state == State::Vacant {
+                continue;
+            }
+            n += 1;
+            if self.by_ptr.get(&x.ptr) != Some(&(a as u32)) {
+                return Err(format!(
+                    "allocation {a} at {:#x} not found by pointer",
+                    x.ptr
+                ));
+            }
+            used += x.units * GRANULE;
+            match x.state {
+                State::Live => live += x.size,
+                State::Freeing => freeing += x.units * GRANULE,
+                State::Vacant => {}
+            }
+            let held = match &x.layout {
+                Layout::Block(b) => self.blocks[*b as usize].len as u64,
+                Layout::Stitched {
+                    head,
+                    runs,
+                    tail,
+                    window,
+                    window_len,
+                } => {
+                    if *window != NIL {
+                        mapped += *window_len as u64;
+                    }
+                    let part = |b: u32| {
+                        if b == NIL {
+                            0
+                        } else {
+                            self.blocks[b as usize].len as u64
+                        }
+                    };
+                    part(*head)
+                        + part(*tail)
+                        + runs.iter().map(|r| r.1 as u64).sum::<u64>() * self.pg as u64
+                }
+                Layout::None => return Err(format!("allocation {a} has no memory")),
+            };
+            if held != x.units {
+                return Err(format!(
+                    "allocation {a} holds {held} granules of {}",
+                    x.units
+                ));
+            }
+        }
+        if n != self.by_ptr.len() {
+            return Err(format!(
+                "{} pointers mapped for {n} allocations",
+                self.by_ptr.len()
+            ));
+        }
+        let window_used = self.window.capacity() as u64 - self.window.free_units();
+        if mapped != window_used {
+            return Err(format!("{mapped} window pages owned, {window_used} used"));
+        }
+        let c = &self.counters;
+        if (live, used, freeing) != (c.live_bytes, c.used_bytes, c.freeing_bytes) {
+            return Err(format!(
+                "counters live/used/freeing {}/{}/{} but allocations sum to {live}/{used}/{freeing}",
+                c.live_bytes, c.used_bytes, c.freeing_bytes
+            ));
+        }
+        Ok(())
+    }
+}

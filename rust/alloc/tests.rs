@@ -1,0 +1,505 @@
+#![allow(unsafe_code)] // the host-backend tests read and write the memory they allocate
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::backend::Simulated;
+use crate::pmm::{PmmConfig, SizeMask};
+
+const MIB: u64 = 1 << 20;
+const KIB: u64 = 1 << 10;
+
+fn device(vidmem: u64) -> Arc<Device> {
+    let mut cfg = PmmConfig::new(
+        vidmem,
+        SizeMask::from_sizes(&[4096, 65536, 2 * MIB]).unwrap(),
+        SizeMask::from_sizes(&[256, 4096, 65536, 2 * MIB]).unwrap(),
+    );
+    cfg.check = false;
+    Arc::new(Device {
+        pmm: Arc::new(Mutex::new(Pmm::new(cfg).unwrap())),
+        backend: Arc::new(Simulated::new(vidmem, 2 * MIB).unwrap()),
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn host_device(vidmem: u64) -> Arc<Device> {
+    let d = device(vidmem);
+    Arc::new(Device {
+        pmm: d.pmm.clone(),
+        backend: Arc::new(crate::backend::host::Host::new(vidmem).unwrap()),
+    })
+}
+
+fn pool_on(dev: Arc<Device>) -> Pool {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    Pool::new(dev, cfg).unwrap()
+}
+
+fn pool(vidmem: u64) -> Pool {
+    pool_on(device(vidmem))
+}
+
+fn req(size: u64) -> Request {
+    Request {
+        size,
+        ..Request::default()
+    }
+}
+
+#[test]
+fn small_requests_share_a_heap_page() {
+    let mut p = pool(64 * MIB);
+    let ids: Vec<_> = (0..100).map(|_| p.alloc(req(1000)).unwrap()).collect();
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes, 2 * MIB);
+    assert_eq!(s.pages_heap, 1);
+    assert_eq!(s.used_bytes, 100 * 1024);
+    assert_eq!(s.live_bytes, 100 * 1000);
+    // consecutive, 256-aligned
+    assert_eq!(ids[1].1 - ids[0].1, 1024);
+    for (id, _) in ids {
+        p.free(id).unwrap();
+    }
+    let s = p.stats();
+    assert_eq!((s.pages_heap, s.pages_free, s.used_bytes), (0, 1, 0));
+}
+
+#[test]
+fn large_requests_share_page_ends() {
+    let mut p = pool(64 * MIB);
+    // 3 MiB: one whole page and the start of a fresh one; the next 3 MiB takes the 1 MiB
+    // left at the end of that page, then one more page: 6 MiB of requests in 3 pages.
+    let (a, pa) = p.alloc(req(3 * MIB)).unwrap();
+    let (b, pb) = p.alloc(req(3 * MIB)).unwrap();
+    assert_eq!(pb, pa + 3 * MIB, "consecutive pages use the direct map");
+    assert_eq!(p.stats().reserved_bytes, 6 * MIB);
+    assert_eq!(p.stats().stitched, 0);
+    p.free(a).unwrap();
+    p.free(b).unwrap();
+    assert_eq!(p.stats().pages_free, 3);
+    p.validate().unwrap();
+}
+
+#[test]
+fn stitching_uses_scattered_pages() {
+    // A 20 MiB pool: ten 2 MiB allocations, every other freed: 10 MiB free in 2 MiB holes.
+    let mut p = pool(20 * MIB);
+    let ids: Vec<_> = (0..10).map(|_| p.alloc(req(2 * MIB)).unwrap()).collect();
+    for (i, (id, _)) in ids.iter().enumerate() {
+        if i % 2 == 0 {
+            p.free(*id).unwrap();
+        }
+    }
+    let s = p.stats();
+    assert_eq!(s.free_bytes, 10 * MIB);
+    assert_eq!(s.largest_free_run, 2 * MIB);
+    assert!((s.fragmentation - 0.8).abs() < 1e-9);
+    // A contiguous allocator fails here; stitching maps the five holes back to back.
+    let (big, ptr) = p.alloc(req(10 * MIB)).unwrap();
+    let info = p.info(big).unwrap();
+    assert!(info.stitched);
+    assert!(ptr >= p.window_base && ptr < p.window_base + p.window_bytes);
+    assert_eq!(p.stats().free_bytes, 0);
+    assert!(p.alloc(req(1)).is_err());
+    p.free(big).unwrap();
+    assert_eq!(p.window.free_units(), p.window.capacity() as u64);
+}
+
+#[test]
+fn out_of_memory_says_why_and_changes_nothing() {
+    let mut p = pool(8 * MIB);
+    let (_a, _) = p.alloc(req(5 * MIB)).unwrap();
+    let before = p.stats();
+    let e = p.alloc(req(4 * MIB)).unwrap_err();
+    let Error::OutOfMemory(msg) = e else {
+        panic!("{e:?}")
+    };
+    for word in [
+        "4 MiB",
+        "live 5 MiB",
+        "reserved 6 MiB",
+        "free 1 MiB",
+        "fragmentation",
+        "device: 2 MiB free",
+    ] {
+        assert!(msg.contains(word), "{word:?} missing from {msg}");
+    }
+    let after = p.stats();
+    assert_eq!(after.failures, 1);
+    assert_eq!(
+        (after.live_bytes, after.used_bytes, after.reserved_bytes),
+        (before.live_bytes, before.used_bytes, before.reserved_bytes)
+    );
+    // but 3 MiB fits: a head of 1 MiB and one page
+    p.alloc(req(3 * MIB)).unwrap();
+}
+
+#[test]
+fn bad_requests_are_refused() {
+    let mut p = pool(8 * MIB);
+    assert!(matches!(p.alloc(req(0)), Err(Error::InvalidSize(_))));
+    assert!(matches!(p.alloc(req(9 * MIB)), Err(Error::InvalidSize(_))));
+    let (a, ptr) = p.alloc(req(1000)).unwrap();
+    assert!(matches!(p.free_ptr(ptr + 256), Err(Error::InvalidFree(m)) if m.contains("interior")));
+    assert!(matches!(p.free_ptr(12345), Err(Error::InvalidFree(m)) if m.contains("foreign")));
+    p.free(a).unwrap();
+    assert!(matches!(p.free(a), Err(Error::InvalidFree(m)) if m.contains("double free")));
+    assert!(matches!(p.free_ptr(ptr), Err(Error::InvalidFree(_))));
+    let (b, ptr_b) = p.alloc(req(1000)).unwrap();
+    p.pin(b).unwrap();
+    assert!(matches!(p.free(b), Err(Error::InvalidState(_))));
+    assert!(matches!(p.close(), Err(Error::InvalidState(_))));
+    p.unpin(b).unwrap();
+    assert!(matches!(
+        p.free_batch(&[ptr_b, ptr_b]),
+        Err(Error::InvalidFree(_))
+    ));
+    assert_eq!(p.stats().live_allocs, 1);
+    assert_eq!(p.close().unwrap(), 1);
+    assert!(matches!(p.alloc(req(1)), Err(Error::InvalidState(_))));
+}
+
+#[test]
+fn max_size_limits_the_pool() {
+    let dev = device(64 * MIB);
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.max_size = Some(4 * MIB);
+    cfg.initial_size = 2 * MIB;
+    let mut p = Pool::new(dev.clone(), cfg).unwrap();
+    assert_eq!(p.stats().reserved_bytes, 2 * MIB);
+    p.alloc(req(4 * MIB)).unwrap();
+    assert!(matches!(p.alloc(req(1)), Err(Error::OutOfMemory(_))));
+    // the device still has memory for another pool
+    let mut q = pool_on(dev);
+    q.alloc(req(8 * MIB)).unwrap();
+}
+
+#[test]
+fn stream_ordered_frees_wait_for_their_fence() {
+    let mut p = pool(4 * MIB);
+    let (a, pa) = p.alloc(req(4 * MIB)).unwrap();
+    let f = p.free_async(a, 7).unwrap();
+    assert_eq!(p.stats().freeing_bytes, 4 * MIB);
+    // another stream cannot have it yet
+    let o = Request {
+        size: 4 * MIB,
+        stream: 8,
+        ..Request::default()
+    };
+    assert!(matches!(p.alloc(o), Err(Error::OutOfMemory(_))));
+    // the same stream may reuse it at once
+    let same = Request {
+        size: 4 * MIB - 100,
+        stream: 7,
+        ..Request::default()
+    };
+    let (b, pb) = p.alloc(same).unwrap();
+    assert_eq!(pb, pa);
+    assert_ne!(b, a);
+    assert!(matches!(p.free(a), Err(Error::InvalidFree(_))));
+    let f2 = p.free_async(b, 7).unwrap();
+    assert!(f2 > f);
+    assert_eq!(
+        p.complete(f).unwrap(),
+        0,
+        "the first free was taken over by the reuse"
+    );
+    assert_eq!(p.complete(f2).unwrap(), 1);
+    assert_eq!(p.complete(f2).unwrap(), 0, "completing twice is harmless");
+    assert!(matches!(p.complete(999), Err(Error::InvalidArgument(_))));
+    p.alloc(o).unwrap();
+}
+
+#[test]
+fn synchronize_completes_every_stream() {
+    let mut p = pool(16 * MIB);
+    for s in 1..4u64 {
+        let (a, _) = p
+            .alloc(Request {
+                size: MIB,
+                stream: s,
+                ..Request::default()
+            })
+            .unwrap();
+        p.free_async(a, s).unwrap();
+    }
+    assert_eq!(p.pending_frees(), 3);
+    assert_eq!(p.synchronize(Some(2)).unwrap(), 1);
+    assert_eq!(p.synchronize(None).unwrap(), 2);
+    assert_eq!(p.stats().used_bytes, 0);
+}
+
+#[test]
+fn defrag_empties_heap_pages() {
+    let mut p = pool(64 * MIB);
+    let movable = |size| Request {
+        size,
+        movable: true,
+        ..Request::default()
+    };
+    // fill 4 heap pages with 64 KiB allocations, then keep one in eight
+    let ids: Vec<_> = (0..128)
+        .map(|_| p.alloc(movable(64 * KIB)).unwrap())
+        .collect();
+    assert_eq!(p.stats().pages_heap, 4);
+    for (i, (id, _)) in ids.iter().enumerate() {
+        if i % 8 != 0 {
+            p.free(*id).unwrap();
+        }
+    }
+    assert_eq!(p.stats().pages_heap, 4);
+    let r = p.defrag().unwrap();
+    assert_eq!(r.moved_allocs, 12);
+    assert_eq!(r.moved_bytes, 12 * 64 * KIB);
+    assert_eq!(r.pages_emptied, 3);
+    assert_eq!(r.bytes_released, 3 * 2 * MIB + 0);
+    let s = p.stats();
+    assert_eq!(
+        (s.pages_heap, s.reserved_bytes, s.live_allocs),
+        (1, 2 * MIB, 16)
+    );
+    // moved allocations are found at their new address
+    for (id, old, new) in r.moves {
+        assert_eq!(p.info(id).unwrap().ptr, new);
+        assert!(p.free_ptr(old).is_err() || old == new);
+    }
+}
+
+#[test]
+fn scopes_free_what_they_made() {
+    let mut p = pool(16 * MIB);
+    let outer = p.alloc(req(1000)).unwrap();
+    let s = p.open_scope().unwrap();
+    let inner = p
+        .alloc(Request {
+            size: 3 * MIB,
+            scope: s,
+            ..Request::default()
+        })
+        .unwrap();
+    let freed_inside = p
+        .alloc(Request {
+            size: 100,
+            scope: s,
+            ..Request::default()
+        })
+        .unwrap();
+    p.free(freed_inside.0).unwrap();
+    let r = p.close_scope(s).unwrap();
+    assert_eq!((r.allocs, r.freed), (2, 1));
+    assert_eq!(r.leaked[0].ptr, inner.1);
+    assert!(p.info(inner.0).is_err());
+    assert!(p.info(outer.0).is_ok());
+}
+
+#[test]
+fn batches_are_all_or_nothing() {
+    let mut p = pool(8 * MIB);
+    let mut out = vec![];
+    assert!(p.alloc_batch(&[MIB, 0], 0, &mut out).is_err());
+    assert!(p
+        .alloc_batch(&[4 * MIB, 4 * MIB, 4 * MIB], 0, &mut out)
+        .is_err());
+    assert!(out.is_empty());
+    assert_eq!(p.stats().live_allocs, 0);
+    p.alloc_batch(&[100, 2 * MIB, 3 * MIB], 0, &mut out)
+        .unwrap();
+    assert_eq!(out.len(), 3);
+    assert!(p.free_batch(&[out[0], 1]).is_err());
+    assert_eq!(p.stats().live_allocs, 3);
+    p.free_batch(&out).unwrap();
+    assert_eq!(p.stats().live_allocs, 0);
+}
+
+#[test]
+fn release_threshold_gives_pages_back() {
+    let dev = device(64 * MIB);
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.release_threshold = Some(2 * MIB);
+    cfg.check = true;
+    let mut p = Pool::new(dev.clone(), cfg).unwrap();
+    let (a, _) = p.alloc(req(10 * MIB)).unwrap();
+    p.free(a).unwrap();
+    assert_eq!(p.stats().reserved_bytes, 2 * MIB);
+    assert_eq!(dev.pmm.lock().stats().allocated_bytes, 2 * MIB);
+    assert_eq!(p.trim(0).unwrap(), 2 * MIB);
+    assert_eq!(dev.pmm.lock().stats().allocated_bytes, 0);
+}
+
+#[test]
+fn latency_is_sampled() {
+    let mut p = pool(8 * MIB);
+    for _ in 0..64 {
+        let (a, _) = p.alloc(req(1000)).unwrap();
+        p.free(a).unwrap();
+    }
+    let s = p.stats();
+    assert_eq!(s.latency_samples, 4);
+    assert!(s.latency_p99_ns > 0.0 && s.latency_mean_ns > 0.0);
+    assert_eq!(s.success_rate, 1.0);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn host_stitching_is_real_memory() {
+    let dev = host_device(16 * MIB);
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    cfg.scrub = true;
+    let mut p = Pool::new(dev, cfg).unwrap();
+    let ids: Vec<_> = (0..8).map(|_| p.alloc(req(2 * MIB)).unwrap()).collect();
+    for (i, (id, _)) in ids.iter().enumerate() {
+        if i % 2 == 1 {
+            p.free(*id).unwrap();
+        }
+    }
+    let (big, ptr) = p.alloc(req(7 * MIB)).unwrap();
+    assert!(p.info(big).unwrap().stitched);
+    let n = (7 * MIB) as usize;
+    // SAFETY: [ptr, ptr + 7 MiB) is the allocation, mapped read-write by the host backend.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, n) };
+    assert!(bytes.iter().all(|&b| b == 0), "fresh pages are zero");
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    // the same bytes, through the direct map of the pages it was stitched from
+    let Layout::Stitched { ref runs, .. } = p.allocs[big.index as usize].layout else {
+        panic!()
+    };
+    let first = runs[0].0;
+    let direct = p.direct_addr(first, 0);
+    // SAFETY: the direct map covers every page of the device.
+    let page = unsafe { std::slice::from_raw_parts(direct as *const u8, (2 * MIB) as usize) };
+    assert!(page.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    p.free(big).unwrap();
+    // scrubbed on free
+    assert!(page.iter().all(|&b| b == 0));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn host_defrag_moves_bytes() {
+    let dev = host_device(16 * MIB);
+    let mut p = pool_on(dev);
+    let movable = |size| Request {
+        size,
+        movable: true,
+        ..Request::default()
+    };
+    let ids: Vec<_> = (0..64)
+        .map(|_| p.alloc(movable(64 * KIB)).unwrap())
+        .collect();
+    for (i, &(id, ptr)) in ids.iter().enumerate() {
+        if i % 8 != 0 {
+            p.free(id).unwrap();
+        } else {
+            // SAFETY: a live 64 KiB allocation of the host backend.
+            unsafe { std::ptr::write_bytes(ptr as *mut u8, i as u8, (64 * KIB) as usize) };
+        }
+    }
+    let r = p.defrag().unwrap();
+    assert!(r.moved_allocs > 0);
+    for (i, &(id, _)) in ids.iter().enumerate().filter(|(i, _)| i % 8 == 0) {
+        let ptr = p.info(id).unwrap().ptr;
+        // SAFETY: as above, at its (possibly new) address.
+        let b = unsafe { std::slice::from_raw_parts(ptr as *const u8, (64 * KIB) as usize) };
+        assert!(
+            b.iter().all(|&x| x == i as u8),
+            "allocation {i} lost its bytes"
+        );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Model-based: random streams of operations against a shadow map of live ranges.
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc(u64, u64, bool),
+    Free(usize),
+    FreeAsync(usize, u64),
+    Complete(usize),
+    Sync,
+    Defrag,
+    Trim,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let size = prop_oneof![
+        1u64..4096,
+        4096u64..(1 << 20),
+        (1u64 << 20)..(9 << 20),
+        (9u64 << 20)..(40 << 20),
+    ];
+    prop_oneof![
+        6 => (size, 0u64..3, any::<bool>()).prop_map(|(s, st, m)| Op::Alloc(s, st, m)),
+        4 => any::<usize>().prop_map(Op::Free),
+        2 => (any::<usize>(), 0u64..3).prop_map(|(i, s)| Op::FreeAsync(i, s)),
+        1 => any::<usize>().prop_map(Op::Complete),
+        1 => Just(Op::Sync),
+        1 => Just(Op::Defrag),
+        1 => Just(Op::Trim),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_streams_keep_every_invariant(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut p = pool(128 * MIB);
+        let mut live: Vec<AllocId> = vec![];
+        let mut fences: Vec<u64> = vec![];
+        for op in ops {
+            match op {
+                Op::Alloc(size, stream, movable) => {
+                    match p.alloc(Request { size, stream, movable, scope: 0 }) {
+                        Ok((id, _)) => live.push(id),
+                        Err(Error::OutOfMemory(_)) => {}
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+                Op::Free(i) if !live.is_empty() => {
+                    let id = live.swap_remove(i % live.len());
+                    p.free(id).unwrap();
+                }
+                Op::FreeAsync(i, s) if !live.is_empty() => {
+                    let id = live.swap_remove(i % live.len());
+                    fences.push(p.free_async(id, s).unwrap());
+                }
+                Op::Complete(i) if !fences.is_empty() => {
+                    p.complete(fences[i % fences.len()]).unwrap();
+                }
+                Op::Sync => { p.synchronize(None).unwrap(); }
+                Op::Defrag => { p.defrag().unwrap(); }
+                Op::Trim => { p.trim(4 * MIB).unwrap(); }
+                _ => {}
+            }
+            // the shadow: live and freeing ranges never overlap, in virtual or physical space
+            let mut ranges = BTreeMap::new();
+            for x in p.allocations() {
+                ranges.insert(x.ptr, x.rounded);
+            }
+            let mut end = 0;
+            for (&start, &len) in &ranges {
+                prop_assert!(start >= end, "overlap at {start:#x}");
+                end = start + len;
+            }
+            for id in &live {
+                prop_assert!(p.info(*id).is_ok());
+            }
+        }
+        p.synchronize(None).unwrap();
+        for id in live {
+            p.free(id).unwrap();
+        }
+        let s = p.stats();
+        prop_assert_eq!(s.used_bytes, 0);
+        prop_assert_eq!(s.pages_heap + s.pages_large + s.pages_full, 0);
+        p.validate().unwrap();
+    }
+}

@@ -1,0 +1,120 @@
+//! Where the bytes live. The allocator decides which physical pages an allocation uses and
+//! where it sits in virtual memory; a backend makes that real: it owns the physical memory
+//! (addressed by offset, the PMM's addresses), a direct map of all of it, and windows of
+//! virtual address space into which pages are mapped back to back ("stitched").
+//!
+//! - [`Simulated`]: accounting only, no bytes; any capacity. Addresses look like device ones.
+//! - [`host::Host`] (Linux): physical memory is a memfd; the direct map is one shared mapping of
+//!   it; stitching maps memfd pages into a reserved window with `MAP_FIXED | MAP_SHARED`, so a
+//!   stitched allocation is really contiguous and a move is a real copy.
+//! - A CUDA backend implements the same calls with the driver's VMM API (`cuMemCreate`,
+//!   `cuMemAddressReserve`, `cuMemMap`, `cuMemcpy`, `cuMemsetD8`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+
+#[cfg(target_os = "linux")]
+pub mod host;
+
+/// The operations the allocator needs from the memory underneath. Physical addresses are
+/// offsets in `[0, capacity)`; virtual addresses are process (or device) addresses. All
+/// lengths and offsets are multiples of [`Backend::granularity`] except for `copy` and `zero`.
+pub trait Backend: Send + Sync {
+    /// "simulated", "host", "cuda".
+    fn name(&self) -> &'static str;
+    /// Bytes of physical memory.
+    fn capacity(&self) -> u64;
+    /// The smallest unit that can be mapped.
+    fn granularity(&self) -> u64;
+    /// Whether allocations have bytes a program can read and write.
+    fn has_bytes(&self) -> bool;
+    /// The virtual address of physical offset 0 in the direct map (every physical page is
+    /// mapped once, in order, at `direct_base + offset`).
+    fn direct_base(&self) -> u64;
+    /// Reserves `len` bytes of virtual address space for stitching; returns its base.
+    fn reserve(&self, len: u64) -> Result<u64>;
+    /// Gives back a window from [`Backend::reserve`] (everything in it must be unmapped).
+    fn unreserve(&self, base: u64, len: u64);
+    /// Maps physical `[phys, phys + len)` at `va` inside a reserved window.
+    fn map(&self, va: u64, phys: u64, len: u64) -> Result<()>;
+    /// Unmaps `[va, va + len)` inside a reserved window (the window stays reserved).
+    fn unmap(&self, va: u64, len: u64) -> Result<()>;
+    /// Copies `len` bytes between two mapped virtual ranges (they may overlap).
+    fn copy(&self, dst: u64, src: u64, len: u64) -> Result<()>;
+    /// Writes zeros over a mapped virtual range.
+    fn zero(&self, va: u64, len: u64) -> Result<()>;
+    /// The pages `[phys, phys + len)` are no longer used: give their memory back.
+    fn discard(&self, phys: u64, len: u64);
+}
+
+/// Where simulated device memory appears: a CUDA-like unified virtual address.
+pub const SIMULATED_BASE: u64 = 0x7f00_0000_0000;
+
+/// Accounting only: no bytes behind the addresses, any capacity.
+#[derive(Debug)]
+pub struct Simulated {
+    capacity: u64,
+    granularity: u64,
+    next_window: AtomicU64,
+}
+
+impl Simulated {
+    pub fn new(capacity: u64, granularity: u64) -> Result<Self> {
+        if !granularity.is_power_of_two() || granularity < 4096 {
+            return Err(Error::InvalidArgument(format!(
+                "granularity must be a power of two of at least 4 KiB, got {granularity}"
+            )));
+        }
+        // Stitching windows start after the direct map and a 1 GiB gap, so a pointer says which
+        // of the two it is in.
+        let first = (SIMULATED_BASE + capacity).next_multiple_of(1 << 30) + (1 << 30);
+        Ok(Simulated {
+            capacity,
+            granularity,
+            next_window: AtomicU64::new(first),
+        })
+    }
+}
+
+impl Backend for Simulated {
+    fn name(&self) -> &'static str {
+        "simulated"
+    }
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    fn granularity(&self) -> u64 {
+        self.granularity
+    }
+    fn has_bytes(&self) -> bool {
+        false
+    }
+    fn direct_base(&self) -> u64 {
+        SIMULATED_BASE
+    }
+    fn reserve(&self, len: u64) -> Result<u64> {
+        let len = len.next_multiple_of(1 << 30);
+        let base = self
+            .next_window
+            .fetch_add(len + (1 << 30), Ordering::Relaxed);
+        if base.checked_add(len).is_none_or(|end| end > 1 << 57) {
+            return Err(Error::OutOfMemory("virtual address space exhausted".into()));
+        }
+        Ok(base)
+    }
+    fn unreserve(&self, _base: u64, _len: u64) {}
+    fn map(&self, _va: u64, _phys: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
+    fn unmap(&self, _va: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
+    fn copy(&self, _dst: u64, _src: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
+    fn zero(&self, _va: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
+    fn discard(&self, _phys: u64, _len: u64) {}
+}
