@@ -8,9 +8,27 @@ from gpumm import arch, errors, units
 from gpumm._core import Chunk, Eviction, __version__
 from gpumm.errors import *  # noqa: F403 - the exception classes, listed in errors.__all__
 from gpumm.pmm import Pmm
+from gpumm.pool import (
+    AllocParams,
+    Allocation,
+    Device,
+    MemoryPool,
+    Scope,
+    alloc_sysmem,
+    alloc_vidmem,
+    sysmem_device,
+)
 from gpumm.units import format_size, parse_size
 
 __all__ = [
+    "Device",
+    "MemoryPool",
+    "Allocation",
+    "Scope",
+    "AllocParams",
+    "alloc_vidmem",
+    "alloc_sysmem",
+    "sysmem_device",
     "Pmm",
     "Chunk",
     "Eviction",

@@ -22,7 +22,7 @@ from gpumm.units import GiB, KiB, MiB
 
 __all__ = [
     "Arch",
-    "Device",
+    "DeviceSpec",
     "Link",
     "ARCHES",
     "DEVICES",
@@ -66,7 +66,7 @@ class Link:
 
 
 @dataclass(frozen=True)
-class Device:
+class DeviceSpec:
     """A GPU part: architecture, vidmem capacity, memory bandwidth and host link."""
 
     name: str
@@ -114,11 +114,11 @@ LINKS: Dict[str, Link] = {
 }
 
 
-def _dev(name: str, arch: str, mib: int, tbs: float, link: str, notes: str = "") -> Device:
-    return Device(name, ARCHES[arch], (mib // 2) * 2 * MiB, tbs * 1e12, LINKS[link], notes)
+def _dev(name: str, arch: str, mib: int, tbs: float, link: str, notes: str = "") -> DeviceSpec:
+    return DeviceSpec(name, ARCHES[arch], (mib // 2) * 2 * MiB, tbs * 1e12, LINKS[link], notes)
 
 
-DEVICES: Dict[str, Device] = {
+DEVICES: Dict[str, DeviceSpec] = {
     d.name: d
     for d in [
         _dev("p100", "pascal", 16280, 0.732, "pcie3", "P100 16 GB (PCIe)"),
@@ -153,7 +153,7 @@ def get_arch(name: str) -> Arch:
     return _lookup(ARCHES, name, "architecture")  # type: ignore[return-value]
 
 
-def get_device(name: str) -> Device:
+def get_device(name: str) -> DeviceSpec:
     """The device preset called ``name`` (``"h100"``, ``"A100-80"``...)."""
     return _lookup(DEVICES, name, "device")  # type: ignore[return-value]
 

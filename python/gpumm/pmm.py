@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from gpumm import _core
-from gpumm.arch import Arch, Device, arch_of, get_device
+from gpumm.arch import Arch, DeviceSpec, arch_of, get_device
 from gpumm.errors import InvalidSizeError
 from gpumm.units import SizeLike, parse_size
 
@@ -31,7 +31,7 @@ class Pmm(_core.Pmm):
         arch: an architecture name or :class:`gpumm.arch.Arch` (ignored if ``device`` is given).
         vidmem: capacity, an int or a string like ``"80GiB"`` (default: the device's, else 8 GiB),
             rounded down to whole 2 MiB root chunks.
-        device: a device preset name or :class:`gpumm.arch.Device`.
+        device: a device preset name or :class:`gpumm.arch.DeviceSpec`.
         release_free_roots: after a free that empties a root chunk, give it back to the device.
         check: run ``validate()`` after every operation (slow; for tests).
     """
@@ -41,12 +41,12 @@ class Pmm(_core.Pmm):
         arch: Union[str, Arch, None] = "hopper",
         vidmem: Optional[SizeLike] = None,
         *,
-        device: Union[str, Device, None] = None,
+        device: Union[str, DeviceSpec, None] = None,
         release_free_roots: bool = False,
         check: bool = False,
     ) -> "Pmm":
         if device is not None:
-            dev = device if isinstance(device, Device) else get_device(device)
+            dev = device if isinstance(device, DeviceSpec) else get_device(device)
             a = dev.arch
             if vidmem is None:
                 vidmem = dev.vidmem

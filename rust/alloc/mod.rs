@@ -54,7 +54,7 @@ use crate::units::format_size;
 use bins::{bin_of, Bins, Link, NIL};
 use runs::Runs;
 
-pub use stats::{Histogram, PoolStats};
+pub use stats::{Histogram, PageSnapshot, PoolStats};
 
 /// Every request is rounded up to a multiple of this (CUDA's allocation alignment).
 pub const GRANULE: u64 = 256;
@@ -1318,6 +1318,11 @@ impl Pool {
         self.free(self.id(a))
     }
 
+    /// The handle of the live allocation at `ptr` (interior and foreign pointers refused).
+    pub fn id_of(&self, ptr: u64) -> Result<AllocId> {
+        self.slot_of_ptr(ptr).map(|a| self.id(a))
+    }
+
     fn slot_of_ptr(&self, ptr: u64) -> Result<u32> {
         self.open()?;
         if let Some(&a) = self.by_ptr.get(&ptr) {
@@ -1524,6 +1529,30 @@ impl Pool {
             .filter(|&a| self.allocs[a as usize].state != State::Vacant)
             .map(|a| self.info_of(a))
             .collect()
+    }
+
+    /// Writes zeros over an allocation (its rounded size).
+    pub fn zero(&mut self, id: AllocId) -> Result<()> {
+        self.open()?;
+        let a = self.resolve(id)?;
+        let x = &self.allocs[a as usize];
+        self.dev.backend.zero(x.ptr, x.units * GRANULE)
+    }
+
+    /// The live allocations made in an open scope.
+    pub fn scope_allocations(&self, scope: u32) -> Result<Vec<AllocInfo>> {
+        let list = self
+            .scopes
+            .get(&scope)
+            .ok_or_else(|| Error::InvalidArgument(format!("no open scope {scope}")))?;
+        Ok(list
+            .iter()
+            .filter(|&&(a, g)| {
+                let x = &self.allocs[a as usize];
+                x.generation == g && x.state == State::Live
+            })
+            .map(|&(a, _)| self.info_of(a))
+            .collect())
     }
 
     pub fn open_scope(&mut self) -> Result<u32> {

@@ -437,3 +437,44 @@ impl Pool {
         Ok(())
     }
 }
+
+/// One page of a pool snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageSnapshot {
+    /// Physical address of the page.
+    pub addr: u64,
+    /// "free", "heap", "large" or "full".
+    pub kind: &'static str,
+    /// Heap and large pages: (offset in the page, bytes, owning allocation's pointer or None
+    /// when free). Full pages: one entry covering the page.
+    pub blocks: Vec<(u64, u64, Option<u64>)>,
+}
+
+impl Pool {
+    /// Every page the pool holds, in address order, with what is in it (a fragmentation
+    /// picture; the replay tools turn it into PyTorch's snapshot layout).
+    pub fn page_snapshot(&self) -> Vec<PageSnapshot> {
+        let ps = self.cfg.page_size;
+        let mut out = Vec::new();
+        for (p, page) in self.pages.iter().enumerate() {
+            let addr = p as u64 * ps;
+            let (kind, blocks) = match page.kind {
+                PageKind::Absent => continue,
+                PageKind::Free => ("free", vec![(0, ps, None)]),
+                PageKind::Full => ("full", vec![(0, ps, Some(self.allocs[page.first as usize].ptr))]),
+                PageKind::Heap | PageKind::Large => (
+                    if page.kind == PageKind::Heap { "heap" } else { "large" },
+                    self.page_blocks(p as u32)
+                        .map(|b| {
+                            let blk = &self.blocks[b as usize];
+                            let owner = (!blk.free).then(|| self.allocs[blk.alloc as usize].ptr);
+                            (blk.off as u64 * GRANULE, blk.len as u64 * GRANULE, owner)
+                        })
+                        .collect(),
+                ),
+            };
+            out.push(PageSnapshot { addr, kind, blocks });
+        }
+        out
+    }
+}

@@ -13,6 +13,8 @@ use crate::error::Error;
 use crate::pmm::{self, ChunkId, ChunkInfo, ChunkState, ChunkType, RootList};
 use crate::units;
 
+mod pool;
+
 // ------------------------------------------------------------------------------------------
 // Errors: one conversion, to the classes defined in python/gpumm/errors.py.
 
@@ -537,6 +539,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPmm>()?;
     m.add_class::<PyChunk>()?;
     m.add_class::<PyEviction>()?;
+    pool::register(m)?;
     m.add_function(wrap_pyfunction!(py_parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(py_format_size, m)?)?;
     m.add("ROOT_CHUNK_SIZE", pmm::ROOT_CHUNK_SIZE)?;

@@ -1,0 +1,879 @@
+//! Pools, allocations and backends for Python. Each pool is one core `Pool` behind one lock;
+//! every call takes it with the GIL released (through `PyPool::with`). Allocations export
+//! their bytes (host backend) through the buffer protocol, `__array_interface__` and DLPack;
+//! every exported view pins the allocation, so it cannot be freed or moved under a view.
+
+use std::cell::RefCell;
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use super::{size_arg, to_pyerr, IntoPy, PyPmm};
+use crate::alloc::{self, AllocId, AllocInfo, Device, Pool, PoolConfig, Request};
+use crate::backend::{self, Backend};
+use crate::error::Error;
+use crate::units::format_size;
+
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// Open scopes of this thread, innermost last: (pool id, scope).
+    static SCOPES: RefCell<Vec<(u64, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn current_scope(pool_id: u64) -> u32 {
+    SCOPES.with(|s| {
+        let s = s.borrow();
+        s.iter()
+            .rev()
+            .find(|(p, _)| *p == pool_id)
+            .map_or(0, |&(_, sc)| sc)
+    })
+}
+
+// ------------------------------------------------------------------------------------------
+// Backend
+
+/// Where a device's bytes live: "simulated" (accounting only) or "host" (a memfd, really
+/// mapped).
+#[pyclass(module = "gpumm._core", name = "Backend", frozen)]
+pub struct PyBackend {
+    inner: Arc<dyn Backend>,
+}
+
+#[pymethods]
+impl PyBackend {
+    #[new]
+    #[pyo3(signature = (kind, capacity, *, granularity = None))]
+    fn py_new(
+        py: Python<'_>,
+        kind: &str,
+        capacity: &Bound<'_, PyAny>,
+        granularity: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let capacity = size_arg(py, capacity, "capacity")?;
+        let inner: Arc<dyn Backend> = match kind {
+            "simulated" => {
+                let g = match granularity {
+                    Some(g) => size_arg(py, g, "granularity")?,
+                    None => 2 << 20,
+                };
+                Arc::new(backend::Simulated::new(capacity, g).py_err(py)?)
+            }
+            #[cfg(target_os = "linux")]
+            "host" => {
+                if granularity.is_some() {
+                    return Err(to_pyerr(
+                        py,
+                        Error::InvalidArgument("the host backend maps 4 KiB pages".into()),
+                    ));
+                }
+                Arc::new(py.detach(|| backend::host::Host::new(capacity)).py_err(py)?)
+            }
+            other => {
+                return Err(to_pyerr(
+                    py,
+                    Error::InvalidArgument(format!(
+                        "unknown backend {other:?}; known: 'simulated', 'host'"
+                    )),
+                ))
+            }
+        };
+        Ok(PyBackend { inner })
+    }
+
+    #[getter]
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.inner.capacity()
+    }
+    #[getter]
+    fn granularity(&self) -> u64 {
+        self.inner.granularity()
+    }
+    #[getter]
+    fn has_bytes(&self) -> bool {
+        self.inner.has_bytes()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<gpumm.Backend {} capacity={}>",
+            self.inner.name(),
+            format_size(self.inner.capacity())
+        )
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Pool
+
+type SharedPool = Arc<Mutex<Pool>>;
+
+/// The core of `gpumm.MemoryPool`: an allocator over the pages of one device.
+#[pyclass(module = "gpumm._core", name = "Pool", subclass, frozen)]
+pub struct PyPool {
+    inner: SharedPool,
+    id: u64,
+    has_bytes: bool,
+    on_failure: Option<Py<PyAny>>,
+}
+
+impl PyPool {
+    /// Runs `f` on the core under its lock with the GIL released.
+    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Pool) -> T + Send) -> T {
+        let inner = &self.inner;
+        py.detach(|| f(&mut inner.lock()))
+    }
+
+    fn allocation(&self, info: &AllocInfo) -> PyAllocation {
+        PyAllocation {
+            pool: self.inner.clone(),
+            pool_id: self.id,
+            has_bytes: self.has_bytes,
+            id: info.id,
+            ptr: AtomicU64::new(info.ptr),
+            size: info.size,
+            stream: info.stream,
+            movable: info.movable,
+        }
+    }
+
+    /// The allocation an argument names: an `Allocation` of this pool or an int pointer.
+    fn target(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Target> {
+        if let Ok(a) = obj.cast::<PyAllocation>() {
+            let a = a.get();
+            if a.pool_id != self.id {
+                return Err(to_pyerr(
+                    py,
+                    Error::InvalidFree(format!(
+                        "the allocation at {:#x} belongs to another pool",
+                        a.ptr.load(Ordering::Relaxed)
+                    )),
+                ));
+            }
+            return Ok(Target::Id(a.id));
+        }
+        if obj.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(PyTypeError::new_err("expected an Allocation or an int pointer, not bool"));
+        }
+        match obj.extract::<u64>() {
+            Ok(p) => Ok(Target::Ptr(p)),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "expected an Allocation or an int pointer, not {}",
+                obj.get_type().name()?
+            ))),
+        }
+    }
+}
+
+enum Target {
+    Id(AllocId),
+    Ptr(u64),
+}
+
+fn stream_arg(stream: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if stream.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err("stream must be an int, not bool"));
+    }
+    stream
+        .extract::<u64>()
+        .map_err(|_| PyTypeError::new_err("stream must be a non-negative int (a stream handle)"))
+}
+
+fn opt_size(py: Python<'_>, v: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64>> {
+    v.map(|v| size_arg(py, v, what)).transpose()
+}
+
+#[pymethods]
+impl PyPool {
+    #[new]
+    #[pyo3(signature = (pmm, backend, *, page_size, initial_size = None, max_size = None,
+        small_threshold = None, release_threshold = None, scrub = false, on_failure = None,
+        check = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn py_new(
+        py: Python<'_>,
+        pmm: &Bound<'_, PyPmm>,
+        backend: &Bound<'_, PyBackend>,
+        page_size: &Bound<'_, PyAny>,
+        initial_size: Option<&Bound<'_, PyAny>>,
+        max_size: Option<&Bound<'_, PyAny>>,
+        small_threshold: Option<&Bound<'_, PyAny>>,
+        release_threshold: Option<&Bound<'_, PyAny>>,
+        scrub: bool,
+        on_failure: Option<Py<PyAny>>,
+        check: bool,
+    ) -> PyResult<Self> {
+        let mut cfg = PoolConfig::new(size_arg(py, page_size, "page_size")?);
+        cfg.initial_size = opt_size(py, initial_size, "size")?.unwrap_or(0);
+        cfg.max_size = opt_size(py, max_size, "max_size")?;
+        if let Some(t) = opt_size(py, small_threshold, "small_threshold")? {
+            cfg.small_threshold = t;
+        }
+        cfg.release_threshold = opt_size(py, release_threshold, "release_threshold")?;
+        cfg.scrub = scrub;
+        cfg.check = check;
+        if let Some(cb) = &on_failure {
+            if !cb.bind(py).is_callable() {
+                return Err(PyTypeError::new_err("on_failure must be callable"));
+            }
+        }
+        let dev = Arc::new(Device {
+            pmm: pmm.get().inner.clone(),
+            backend: backend.get().inner.clone(),
+        });
+        let has_bytes = dev.backend.has_bytes();
+        let pool = py.detach(|| Pool::new(dev, cfg)).py_err(py)?;
+        Ok(PyPool {
+            inner: Arc::new(Mutex::new(pool)),
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            has_bytes,
+            on_failure,
+        })
+    }
+
+    #[getter]
+    fn page_size(&self) -> u64 {
+        self.inner.lock().config().page_size
+    }
+    #[getter]
+    fn small_threshold(&self) -> u64 {
+        self.inner.lock().config().small_threshold
+    }
+    #[getter]
+    fn max_size(&self) -> Option<u64> {
+        self.inner.lock().config().max_size
+    }
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.inner.lock().device().backend.name()
+    }
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.lock().is_closed()
+    }
+
+    /// Allocates `nbytes` (an int ≥ 1 or a size string) for work on `stream`. On failure the
+    /// `on_failure` callback, if any, is called with the size and the request is retried
+    /// while it returns True (at most 100 times); then `OutOfMemoryError`.
+    #[pyo3(signature = (nbytes, stream = 0, *, movable = false))]
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        nbytes: &Bound<'_, PyAny>,
+        stream: u64,
+        movable: bool,
+    ) -> PyResult<PyAllocation> {
+        let size = size_arg(py, nbytes, "nbytes")?;
+        let req = Request {
+            size,
+            stream,
+            movable,
+            scope: current_scope(self.id),
+        };
+        let mut tries = 0;
+        loop {
+            match self.with(py, |p| p.alloc(req)) {
+                Ok((id, ptr)) => {
+                    return Ok(PyAllocation {
+                        pool: self.inner.clone(),
+                        pool_id: self.id,
+                        has_bytes: self.has_bytes,
+                        id,
+                        ptr: AtomicU64::new(ptr),
+                        size,
+                        stream,
+                        movable,
+                    })
+                }
+                Err(e @ Error::OutOfMemory(_)) => {
+                    let retry = match &self.on_failure {
+                        Some(cb) if tries < 100 => cb.call1(py, (size,))?.is_truthy(py)?,
+                        _ => false,
+                    };
+                    if !retry {
+                        return Err(to_pyerr(py, e));
+                    }
+                    tries += 1;
+                }
+                Err(e) => return Err(to_pyerr(py, e)),
+            }
+        }
+    }
+
+    /// Frees an `Allocation` of this pool or the allocation at an int pointer. With a
+    /// `stream`, the free is stream-ordered: the memory stays "freeing" until that stream's
+    /// fence completes (returned; see `complete`, `synchronize`); only that stream may reuse
+    /// it before.
+    #[pyo3(signature = (allocation, stream = None))]
+    fn free(
+        &self,
+        py: Python<'_>,
+        allocation: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<u64>> {
+        let target = self.target(py, allocation)?;
+        let stream = stream.map(stream_arg).transpose()?;
+        let r = self.with(py, |p| {
+            let id = match target {
+                Target::Id(id) => id,
+                Target::Ptr(ptr) => p.id_of(ptr)?,
+            };
+            match stream {
+                None => p.free(id).map(|_| None),
+                Some(s) => p.free_async(id, s).map(Some),
+            }
+        });
+        r.py_err(py)
+    }
+
+    /// Allocates every size of `sizes` (a buffer of int64/uint64, e.g. a numpy array) in one
+    /// call: all or none. Returns the pointers as bytes of native uint64.
+    #[pyo3(signature = (sizes, stream = 0))]
+    fn alloc_batch_raw<'py>(
+        &self,
+        py: Python<'py>,
+        sizes: &Bound<'py, PyAny>,
+        stream: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let sizes = u64_buffer(py, sizes, "sizes")?;
+        let mut out = Vec::with_capacity(sizes.len());
+        self.with(py, |p| p.alloc_batch(&sizes, stream, &mut out))
+            .py_err(py)?;
+        Ok(PyBytes::new(py, as_bytes(&out)))
+    }
+
+    /// Frees every pointer of `ptrs` (a buffer of uint64): all or none.
+    fn free_batch(&self, py: Python<'_>, ptrs: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ptrs = u64_buffer(py, ptrs, "ptrs")?;
+        self.with(py, |p| p.free_batch(&ptrs)).py_err(py)
+    }
+
+    /// Fence `fence` completed: the stream-ordered frees before it are done. Returns how
+    /// many allocations became free.
+    fn complete(&self, py: Python<'_>, fence: u64) -> PyResult<u64> {
+        self.with(py, |p| p.complete(fence)).py_err(py)
+    }
+
+    /// Completes every pending free on `stream` (every stream if None).
+    #[pyo3(signature = (stream = None))]
+    fn synchronize(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<u64> {
+        self.with(py, |p| p.synchronize(stream)).py_err(py)
+    }
+
+    /// Compacts heap pages (moving allocations made with `movable=True`) and gives every
+    /// free page back to the device. Returns a report.
+    fn defrag<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let r = self.with(py, |p| p.defrag()).py_err(py)?;
+        let d = PyDict::new(py);
+        d.set_item("moved_allocations", r.moved_allocs)?;
+        d.set_item("moved_bytes", r.moved_bytes)?;
+        d.set_item("pages_emptied", r.pages_emptied)?;
+        d.set_item("bytes_released", r.bytes_released)?;
+        d.set_item("roots_released", r.bytes_released / crate::pmm::ROOT_CHUNK_SIZE)?;
+        let moves: Vec<(u64, u64)> = r.moves.iter().map(|m| (m.1, m.2)).collect();
+        d.set_item("moves", moves)?;
+        Ok(d)
+    }
+
+    /// Gives free pages back to the device until at most `keep` bytes of them stay.
+    #[pyo3(signature = (keep = None))]
+    fn trim(&self, py: Python<'_>, keep: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+        let keep = opt_size(py, keep, "keep")?.unwrap_or(0);
+        self.with(py, |p| p.trim(keep)).py_err(py)
+    }
+
+    /// Live and freeing allocations as new `Allocation` handles.
+    fn allocations(&self, py: Python<'_>) -> PyResult<Vec<PyAllocation>> {
+        let infos = self.with(py, |p| p.allocations());
+        Ok(infos.iter().map(|i| self.allocation(i)).collect())
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.with(py, |p| p.stats());
+        let d = PyDict::new(py);
+        macro_rules! put {
+            ($($f:ident),*) => { $( d.set_item(stringify!($f), s.$f)?; )* };
+        }
+        put!(
+            page_size, live_bytes, used_bytes, freeing_bytes, reserved_bytes, free_bytes,
+            peak_live, peak_used, peak_reserved, largest_free_run, fragmentation, allocs, frees,
+            failures, success_rate, reused, stitched, live_allocs, pending_frees, pages_free,
+            pages_heap, pages_large, pages_full, heap_free_bytes, large_free_bytes, pages_taken,
+            pages_released, latency_samples, latency_mean_ns, latency_p50_ns, latency_p99_ns
+        );
+        let classes = PyList::empty(py);
+        for (upper, count, bytes) in &s.live_by_size {
+            classes.append((upper, count, bytes))?;
+        }
+        d.set_item("live_by_size", classes)?;
+        Ok(d)
+    }
+
+    /// Pages and allocations, for pictures of fragmentation and for trace writers.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (pages, allocs, direct) = self.with(py, |p| {
+            (p.page_snapshot(), p.allocations(), p.device().backend.direct_base())
+        });
+        let d = PyDict::new(py);
+        let pl = PyList::empty(py);
+        for pg in pages {
+            let e = PyDict::new(py);
+            e.set_item("address", direct + pg.addr)?;
+            e.set_item("kind", pg.kind)?;
+            e.set_item("blocks", pg.blocks)?;
+            pl.append(e)?;
+        }
+        let al = PyList::empty(py);
+        for a in allocs {
+            let e = PyDict::new(py);
+            e.set_item("ptr", a.ptr)?;
+            e.set_item("size", a.size)?;
+            e.set_item("rounded", a.rounded)?;
+            e.set_item("stream", a.stream)?;
+            e.set_item("state", if a.freeing { "freeing" } else { "live" })?;
+            e.set_item("stitched", a.stitched)?;
+            e.set_item("movable", a.movable)?;
+            al.append(e)?;
+        }
+        d.set_item("pages", pl)?;
+        d.set_item("allocations", al)?;
+        Ok(d)
+    }
+
+    /// Recomputes every counter and checks every invariant; raises on the first broken one.
+    fn validate(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |p| p.validate())
+            .map_err(|m| Error::InvalidState(format!("pool invariant broken: {m}")))
+            .py_err(py)
+    }
+
+    /// Frees everything, gives every page back, and refuses all later calls. Returns how many
+    /// allocations were still live. Refused while an allocation has a live view.
+    fn close(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |p| p.close()).py_err(py)
+    }
+
+    /// Opens a scope on this thread (see `MemoryPool.scope`).
+    fn _enter_scope(&self, py: Python<'_>) -> PyResult<u32> {
+        let s = self.with(py, |p| p.open_scope()).py_err(py)?;
+        SCOPES.with(|v| v.borrow_mut().push((self.id, s)));
+        Ok(s)
+    }
+
+    /// The live allocations made in an open scope, as new handles.
+    fn _scope_allocations(&self, py: Python<'_>, scope: u32) -> PyResult<Vec<PyAllocation>> {
+        let infos = self.with(py, |p| p.scope_allocations(scope)).py_err(py)?;
+        Ok(infos.iter().map(|i| self.allocation(i)).collect())
+    }
+
+    /// Closes a scope: frees what it made that is still live; returns (allocations made,
+    /// freed, [(ptr, size)] of those freed).
+    fn _exit_scope(&self, py: Python<'_>, scope: u32) -> PyResult<(u64, u64, Vec<(u64, u64)>)> {
+        SCOPES.with(|v| {
+            let mut v = v.borrow_mut();
+            if let Some(i) = v.iter().rposition(|&x| x == (self.id, scope)) {
+                v.remove(i);
+            }
+        });
+        let r = self.with(py, |p| p.close_scope(scope)).py_err(py)?;
+        let leaked = r.leaked.iter().map(|a| (a.ptr, a.size)).collect();
+        Ok((r.allocs, r.freed, leaked))
+    }
+
+    fn __repr__(&self) -> String {
+        let p = self.inner.lock();
+        let s = p.stats();
+        format!(
+            "<gpumm.MemoryPool {} page_size={} live={} reserved={}{}>",
+            p.device().backend.name(),
+            format_size(s.page_size),
+            format_size(s.live_bytes),
+            format_size(s.reserved_bytes),
+            if p.is_closed() { " closed" } else { "" }
+        )
+    }
+}
+
+fn as_bytes(v: &[u64]) -> &[u8] {
+    // SAFETY: u64 has no padding and every byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+/// A contiguous buffer of 64-bit integers (or a sequence of ints) as u64s; negatives refused.
+fn u64_buffer(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    use pyo3::buffer::PyBuffer;
+    if let Ok(b) = PyBuffer::<u64>::get(obj) {
+        return b.to_vec(py);
+    }
+    if let Ok(b) = PyBuffer::<i64>::get(obj) {
+        let v = b.to_vec(py)?;
+        if let Some(&n) = v.iter().find(|&&x| x < 0) {
+            return Err(to_pyerr(
+                py,
+                Error::InvalidSize(format!("{what} holds a negative value {n}")),
+            ));
+        }
+        return Ok(v.into_iter().map(|x| x as u64).collect());
+    }
+    if obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok() {
+        let mut out = Vec::new();
+        for item in obj.try_iter()? {
+            out.push(size_arg(py, &item?, what)?);
+        }
+        return Ok(out);
+    }
+    Err(PyTypeError::new_err(format!(
+        "{what} must be a contiguous int64/uint64 array or a list of ints, not {}",
+        obj.get_type().name()?
+    )))
+}
+
+// ------------------------------------------------------------------------------------------
+// Allocation
+
+/// Memory from a `MemoryPool`: `ptr`, `size`, `free()`; a context manager that frees on exit.
+/// On the host backend its bytes are reachable without copies through the buffer protocol
+/// (`memoryview(a)`, `numpy.asarray(a)`), `__array_interface__` and `__dlpack__`.
+#[pyclass(module = "gpumm._core", name = "Allocation", frozen, weakref)]
+pub struct PyAllocation {
+    pool: SharedPool,
+    pool_id: u64,
+    has_bytes: bool,
+    id: AllocId,
+    ptr: AtomicU64,
+    #[pyo3(get)]
+    size: u64,
+    #[pyo3(get)]
+    stream: u64,
+    #[pyo3(get)]
+    movable: bool,
+}
+
+impl PyAllocation {
+    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Pool) -> T + Send) -> T {
+        let pool = &self.pool;
+        py.detach(|| f(&mut pool.lock()))
+    }
+
+    /// The current address (a movable allocation may have been moved by `defrag`).
+    fn current_ptr(&self, py: Python<'_>) -> PyResult<u64> {
+        if self.movable {
+            let info = self.with(py, |p| p.info(self.id)).py_err(py)?;
+            self.ptr.store(info.ptr, Ordering::Relaxed);
+        }
+        Ok(self.ptr.load(Ordering::Relaxed))
+    }
+
+    fn bytes_or_raise(&self, py: Python<'_>) -> PyResult<u64> {
+        if !self.has_bytes {
+            return Err(PyBufferError::new_err(
+                "this allocation is on a simulated device: it has no bytes to view",
+            ));
+        }
+        self.current_ptr(py)
+    }
+
+    fn pin(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |p| p.pin(self.id)).py_err(py)
+    }
+
+    fn unpin(&self) {
+        let _ = self.pool.lock().unpin(self.id);
+    }
+}
+
+#[pymethods]
+impl PyAllocation {
+    #[getter]
+    fn ptr(&self, py: Python<'_>) -> PyResult<u64> {
+        self.current_ptr(py)
+    }
+
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.size
+    }
+
+    /// True once freed (by `free`, a scope, the pool's close, or a free by pointer).
+    #[getter]
+    fn freed(&self, py: Python<'_>) -> bool {
+        self.with(py, |p| p.info(self.id).map(|i| i.freeing).unwrap_or(true))
+    }
+
+    /// Frees now, or stream-ordered on `stream` (returns the fence).
+    #[pyo3(signature = (stream = None))]
+    fn free(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+        let stream = stream.map(stream_arg).transpose()?;
+        self.with(py, |p| match stream {
+            None => p.free(self.id).map(|_| None),
+            Some(s) => p.free_async(self.id, s).map(Some),
+        })
+        .py_err(py)
+    }
+
+    /// Writes zeros over the allocation (a no-op on a simulated device).
+    fn zero(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |p| p.zero(self.id)).py_err(py)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Frees on leaving the block, unless already freed.
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _t: &Bound<'_, PyAny>,
+        _v: &Bound<'_, PyAny>,
+        _tb: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let r = self.with(py, |p| match p.info(self.id) {
+            Ok(i) if !i.freeing => p.free(self.id),
+            _ => Ok(()),
+        });
+        r.py_err(py)?;
+        Ok(false)
+    }
+
+    /// numpy's array interface: a uint8 array of `size` bytes at `ptr`. numpy keeps the
+    /// allocation object alive as the array's base, but this path cannot pin it: prefer
+    /// `numpy.asarray(a)` (buffer protocol) or `numpy.from_dlpack(a)`, which do.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let ptr = self.bytes_or_raise(py)?;
+        let d = PyDict::new(py);
+        d.set_item("shape", (self.size,))?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("data", (ptr, false))?;
+        d.set_item("version", 3)?;
+        Ok(d)
+    }
+
+    /// (device type, device id) for DLPack: kDLCPU for host memory.
+    fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+        if !self.has_bytes {
+            return Err(PyBufferError::new_err(
+                "this allocation is on a simulated device: it has no bytes to export",
+            ));
+        }
+        Ok((DL_CPU, 0))
+    }
+
+    /// A DLPack capsule of a uint8 tensor of `size` bytes. The allocation is pinned until the
+    /// consumer releases the tensor.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let _ = (stream, max_version);
+        let this = slf.get();
+        let ptr = this.bytes_or_raise(py)?;
+        if dl_device.is_some_and(|d| d != (DL_CPU, 0)) {
+            return Err(PyBufferError::new_err("host allocations export only to the CPU"));
+        }
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err("__dlpack__(copy=True) is not supported"));
+        }
+        this.pin(py)?;
+        let ctx = Box::new(DlpackCtx {
+            shape: [this.size as i64],
+            owner: slf.clone().unbind(),
+        });
+        let ctx = Box::into_raw(ctx);
+        let managed = Box::new(DLManagedTensor {
+            dl_tensor: DLTensor {
+                data: ptr as *mut c_void,
+                device: DLDevice {
+                    device_type: DL_CPU,
+                    device_id: 0,
+                },
+                ndim: 1,
+                dtype: DLDataType {
+                    code: 1, // kDLUInt
+                    bits: 8,
+                    lanes: 1,
+                },
+                // SAFETY: ctx is a live Box; the shape lives as long as the tensor.
+                shape: unsafe { (*ctx).shape.as_mut_ptr() },
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            },
+            manager_ctx: ctx as *mut c_void,
+            deleter: Some(dlpack_deleter),
+        });
+        let raw = Box::into_raw(managed);
+        // SAFETY: `raw` is a valid DLManagedTensor; the name is a static C string; the
+        // capsule destructor frees it only if no consumer took it.
+        let cap = unsafe {
+            ffi::PyCapsule_New(raw as *mut c_void, DLTENSOR.as_ptr(), Some(capsule_destructor))
+        };
+        if cap.is_null() {
+            // SAFETY: nobody else has seen `raw`.
+            unsafe { dlpack_deleter(raw) };
+            return Err(PyErr::fetch(py));
+        }
+        // SAFETY: PyCapsule_New returned a new reference.
+        Ok(unsafe { Bound::from_owned_ptr(py, cap) })
+    }
+
+    /// The buffer protocol: a writable 1-D view of unsigned bytes; the allocation is pinned
+    /// until the view is released.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let ptr = this.bytes_or_raise(py)?;
+        this.pin(py)?;
+        let shape = Box::into_raw(Box::new([this.size as ffi::Py_ssize_t, 1]));
+        // SAFETY: `view` is the buffer struct CPython gave us to fill; `shape` outlives it
+        // (freed in __releasebuffer__).
+        unsafe {
+            (*view).obj = slf.clone().into_any().into_ptr();
+            (*view).buf = ptr as *mut c_void;
+            (*view).len = this.size as ffi::Py_ssize_t;
+            (*view).readonly = 0;
+            (*view).itemsize = 1;
+            (*view).format = if flags & ffi::PyBUF_FORMAT != 0 {
+                c"B".as_ptr() as *mut _
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).ndim = 1;
+            (*view).shape = if flags & ffi::PyBUF_ND != 0 {
+                shape as *mut ffi::Py_ssize_t
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                (shape as *mut ffi::Py_ssize_t).add(1)
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = shape as *mut c_void;
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, view: *mut ffi::Py_buffer) {
+        // SAFETY: `internal` is the shape box made in __getbuffer__ for this view.
+        unsafe { drop(Box::from_raw((*view).internal as *mut [ffi::Py_ssize_t; 2])) };
+        self.unpin();
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<gpumm.Allocation ptr={:#x} size={} stream={}>",
+            self.ptr.load(Ordering::Relaxed),
+            format_size(self.size),
+            self.stream
+        )
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<PyAllocation>()
+            .is_ok_and(|o| o.get().pool_id == self.pool_id && o.get().id == self.id)
+    }
+
+    fn __hash__(&self) -> u64 {
+        self.id.to_bits() ^ self.pool_id.rotate_left(40)
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// DLPack (v0.8 layout, unversioned capsule "dltensor")
+
+const DL_CPU: i32 = 1;
+const DLTENSOR: &CStr = c"dltensor";
+
+#[repr(C)]
+struct DLDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+struct DLDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+#[repr(C)]
+struct DLTensor {
+    data: *mut c_void,
+    device: DLDevice,
+    ndim: i32,
+    dtype: DLDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct DLManagedTensor {
+    dl_tensor: DLTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+}
+
+struct DlpackCtx {
+    shape: [i64; 1],
+    owner: Py<PyAllocation>,
+}
+
+/// Called by the consumer when it is done with the tensor (or by the capsule's destructor
+/// when nobody consumed it): unpins the allocation and frees the tensor.
+unsafe extern "C" fn dlpack_deleter(t: *mut DLManagedTensor) {
+    if t.is_null() {
+        return;
+    }
+    // SAFETY: `t` and its ctx were made by Box::into_raw in __dlpack__ and are freed once.
+    let managed = unsafe { Box::from_raw(t) };
+    let ctx = unsafe { Box::from_raw(managed.manager_ctx as *mut DlpackCtx) };
+    Python::attach(|_py| {
+        ctx.owner.get().unpin();
+        drop(ctx);
+    });
+}
+
+unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
+    // SAFETY: CPython calls this with the capsule; a consumer renames a capsule it took to
+    // "used_dltensor", so a capsule still named "dltensor" still owns its tensor.
+    unsafe {
+        if ffi::PyCapsule_IsValid(cap, DLTENSOR.as_ptr()) == 1 {
+            let t = ffi::PyCapsule_GetPointer(cap, DLTENSOR.as_ptr()) as *mut DLManagedTensor;
+            dlpack_deleter(t);
+        }
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyBackend>()?;
+    m.add_class::<PyPool>()?;
+    m.add_class::<PyAllocation>()?;
+    m.add("GRANULE", alloc::GRANULE)?;
+    m.add("DEFAULT_SMALL_THRESHOLD", alloc::DEFAULT_SMALL_THRESHOLD)?;
+    Ok(())
+}
