@@ -145,6 +145,8 @@ class MemoryPool(_core.Pool):
         small_threshold: requests below it are sub-allocated in heap pages (default 1 MiB).
         release_threshold: free pages above this many bytes go back to the device at once
             (default: kept until ``trim``, ``defrag`` or ``close``).
+        tail_slack: a stitched allocation's last partial page may take a free page start at
+            most this much larger than it needs (default 1/16 of a page); else a fresh page.
         scrub: zero memory when it is freed.
         on_failure: ``callback(nbytes) -> bool`` called on out of memory; True retries.
         check: validate every invariant after every operation (slow; for tests).
@@ -159,6 +161,7 @@ class MemoryPool(_core.Pool):
         *,
         small_threshold: Optional[SizeLike] = None,
         release_threshold: Optional[SizeLike] = None,
+        tail_slack: Optional[SizeLike] = None,
         scrub: bool = False,
         on_failure: Optional[Callable[[int], bool]] = None,
         check: bool = False,
@@ -178,6 +181,7 @@ class MemoryPool(_core.Pool):
             max_size=max_size,
             small_threshold=small_threshold,
             release_threshold=release_threshold,
+            tail_slack=tail_slack,
             scrub=scrub,
             on_failure=on_failure,
             check=check,

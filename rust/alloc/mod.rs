@@ -1443,6 +1443,8 @@ impl Pool {
             self.validate_size(s)?;
         }
         let start = out.len();
+        let saved = self.counters.clone();
+        let free_pages_before = self.free_pages.free_units();
         let mut ids = Vec::with_capacity(sizes.len());
         let check = std::mem::replace(&mut self.cfg.check, false);
         let mut result = Ok(());
@@ -1464,10 +1466,16 @@ impl Pool {
             }
         }
         if result.is_err() {
+            // Undo: free what was made, give back pages taken for it, and restore the
+            // counters, so a refused batch leaves the pool as it was (one failure counted).
             for id in ids {
                 let _ = self.free(id);
             }
             out.truncate(start);
+            self.release_pages(free_pages_before * self.cfg.page_size);
+            let failures = self.counters.failures;
+            self.counters = saved;
+            self.counters.failures = failures;
         }
         self.cfg.check = check;
         self.check();

@@ -461,9 +461,16 @@ impl Pool {
             let (kind, blocks) = match page.kind {
                 PageKind::Absent => continue,
                 PageKind::Free => ("free", vec![(0, ps, None)]),
-                PageKind::Full => ("full", vec![(0, ps, Some(self.allocs[page.first as usize].ptr))]),
+                PageKind::Full => (
+                    "full",
+                    vec![(0, ps, Some(self.allocs[page.first as usize].ptr))],
+                ),
                 PageKind::Heap | PageKind::Large => (
-                    if page.kind == PageKind::Heap { "heap" } else { "large" },
+                    if page.kind == PageKind::Heap {
+                        "heap"
+                    } else {
+                        "large"
+                    },
                     self.page_blocks(p as u32)
                         .map(|b| {
                             let blk = &self.blocks[b as usize];

@@ -74,7 +74,10 @@ impl PyBackend {
                         Error::InvalidArgument("the host backend maps 4 KiB pages".into()),
                     ));
                 }
-                Arc::new(py.detach(|| backend::host::Host::new(capacity)).py_err(py)?)
+                Arc::new(
+                    py.detach(|| backend::host::Host::new(capacity))
+                        .py_err(py)?,
+                )
             }
             other => {
                 return Err(to_pyerr(
@@ -164,15 +167,23 @@ impl PyPool {
             return Ok(Target::Id(a.id));
         }
         if obj.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(PyTypeError::new_err("expected an Allocation or an int pointer, not bool"));
+            return Err(PyTypeError::new_err(
+                "expected an Allocation or an int pointer, not bool",
+            ));
         }
-        match obj.extract::<u64>() {
-            Ok(p) => Ok(Target::Ptr(p)),
-            Err(_) => Err(PyTypeError::new_err(format!(
-                "expected an Allocation or an int pointer, not {}",
-                obj.get_type().name()?
-            ))),
+        if obj.is_instance_of::<pyo3::types::PyInt>() {
+            return match obj.extract::<u64>() {
+                Ok(p) => Ok(Target::Ptr(p)),
+                Err(_) => Err(to_pyerr(
+                    py,
+                    Error::InvalidFree(format!("{obj} is not a pointer (foreign pointer)")),
+                )),
+            };
         }
+        Err(PyTypeError::new_err(format!(
+            "expected an Allocation or an int pointer, not {}",
+            obj.get_type().name()?
+        )))
     }
 }
 
@@ -198,8 +209,8 @@ fn opt_size(py: Python<'_>, v: Option<&Bound<'_, PyAny>>, what: &str) -> PyResul
 impl PyPool {
     #[new]
     #[pyo3(signature = (pmm, backend, *, page_size, initial_size = None, max_size = None,
-        small_threshold = None, release_threshold = None, scrub = false, on_failure = None,
-        check = false))]
+        small_threshold = None, release_threshold = None, tail_slack = None, scrub = false,
+        on_failure = None, check = false))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
@@ -210,6 +221,7 @@ impl PyPool {
         max_size: Option<&Bound<'_, PyAny>>,
         small_threshold: Option<&Bound<'_, PyAny>>,
         release_threshold: Option<&Bound<'_, PyAny>>,
+        tail_slack: Option<&Bound<'_, PyAny>>,
         scrub: bool,
         on_failure: Option<Py<PyAny>>,
         check: bool,
@@ -221,6 +233,9 @@ impl PyPool {
             cfg.small_threshold = t;
         }
         cfg.release_threshold = opt_size(py, release_threshold, "release_threshold")?;
+        if let Some(t) = opt_size(py, tail_slack, "tail_slack")? {
+            cfg.tail_slack = t;
+        }
         cfg.scrub = scrub;
         cfg.check = check;
         if let Some(cb) = &on_failure {
@@ -380,7 +395,10 @@ impl PyPool {
         d.set_item("moved_bytes", r.moved_bytes)?;
         d.set_item("pages_emptied", r.pages_emptied)?;
         d.set_item("bytes_released", r.bytes_released)?;
-        d.set_item("roots_released", r.bytes_released / crate::pmm::ROOT_CHUNK_SIZE)?;
+        d.set_item(
+            "roots_released",
+            r.bytes_released / crate::pmm::ROOT_CHUNK_SIZE,
+        )?;
         let moves: Vec<(u64, u64)> = r.moves.iter().map(|m| (m.1, m.2)).collect();
         d.set_item("moves", moves)?;
         Ok(d)
@@ -406,11 +424,37 @@ impl PyPool {
             ($($f:ident),*) => { $( d.set_item(stringify!($f), s.$f)?; )* };
         }
         put!(
-            page_size, live_bytes, used_bytes, freeing_bytes, reserved_bytes, free_bytes,
-            peak_live, peak_used, peak_reserved, largest_free_run, fragmentation, allocs, frees,
-            failures, success_rate, reused, stitched, live_allocs, pending_frees, pages_free,
-            pages_heap, pages_large, pages_full, heap_free_bytes, large_free_bytes, pages_taken,
-            pages_released, latency_samples, latency_mean_ns, latency_p50_ns, latency_p99_ns
+            page_size,
+            live_bytes,
+            used_bytes,
+            freeing_bytes,
+            reserved_bytes,
+            free_bytes,
+            peak_live,
+            peak_used,
+            peak_reserved,
+            largest_free_run,
+            fragmentation,
+            allocs,
+            frees,
+            failures,
+            success_rate,
+            reused,
+            stitched,
+            live_allocs,
+            pending_frees,
+            pages_free,
+            pages_heap,
+            pages_large,
+            pages_full,
+            heap_free_bytes,
+            large_free_bytes,
+            pages_taken,
+            pages_released,
+            latency_samples,
+            latency_mean_ns,
+            latency_p50_ns,
+            latency_p99_ns
         );
         let classes = PyList::empty(py);
         for (upper, count, bytes) in &s.live_by_size {
@@ -423,7 +467,11 @@ impl PyPool {
     /// Pages and allocations, for pictures of fragmentation and for trace writers.
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (pages, allocs, direct) = self.with(py, |p| {
-            (p.page_snapshot(), p.allocations(), p.device().backend.direct_base())
+            (
+                p.page_snapshot(),
+                p.allocations(),
+                p.device().backend.direct_base(),
+            )
         });
         let d = PyDict::new(py);
         let pl = PyList::empty(py);
@@ -686,10 +734,14 @@ impl PyAllocation {
         let this = slf.get();
         let ptr = this.bytes_or_raise(py)?;
         if dl_device.is_some_and(|d| d != (DL_CPU, 0)) {
-            return Err(PyBufferError::new_err("host allocations export only to the CPU"));
+            return Err(PyBufferError::new_err(
+                "host allocations export only to the CPU",
+            ));
         }
         if copy == Some(true) {
-            return Err(PyBufferError::new_err("__dlpack__(copy=True) is not supported"));
+            return Err(PyBufferError::new_err(
+                "__dlpack__(copy=True) is not supported",
+            ));
         }
         this.pin(py)?;
         let ctx = Box::new(DlpackCtx {
@@ -722,7 +774,11 @@ impl PyAllocation {
         // SAFETY: `raw` is a valid DLManagedTensor; the name is a static C string; the
         // capsule destructor frees it only if no consumer took it.
         let cap = unsafe {
-            ffi::PyCapsule_New(raw as *mut c_void, DLTENSOR.as_ptr(), Some(capsule_destructor))
+            ffi::PyCapsule_New(
+                raw as *mut c_void,
+                DLTENSOR.as_ptr(),
+                Some(capsule_destructor),
+            )
         };
         if cap.is_null() {
             // SAFETY: nobody else has seen `raw`.

@@ -1,0 +1,114 @@
+"""Host backend: real memory. Views are zero-copy, writes through numpy are seen through the
+pointer, stitching really maps pages back to back, scrub really zeroes, defrag keeps bytes."""
+
+import ctypes
+import gc
+
+import numpy as np
+import pytest
+
+import gpumm
+from gpumm.units import KiB, MiB
+
+
+def read(ptr, n):
+    return ctypes.string_at(ptr, n)
+
+
+def test_numpy_views_are_zero_copy(host_pool):
+    a = host_pool.alloc(10_000)
+    v = np.asarray(a)
+    assert v.dtype == np.uint8 and v.shape == (10_000,)
+    assert v.ctypes.data == a.ptr
+    v[:] = np.arange(10_000) % 251
+    assert read(a.ptr, 10_000) == bytes(v)
+    ctypes.memset(a.ptr, 7, 16)
+    assert list(v[:3]) == [7, 7, 7]
+    d = np.from_dlpack(a)
+    assert d.ctypes.data == a.ptr and d.shape == (10_000,)
+    i = np.array(a.__array_interface__ and a, copy=False)
+    assert i.ctypes.data == a.ptr
+    del v, d, i
+    gc.collect()
+    a.free()
+
+
+def test_array_interface(host_pool):
+    a = host_pool.alloc(300)
+    ai = a.__array_interface__
+    assert ai["shape"] == (300,) and ai["typestr"] == "|u1" and ai["data"] == (a.ptr, False)
+
+
+def test_dlpack_capsule_not_consumed_unpins(host_pool):
+    a = host_pool.alloc(300)
+    cap = a.__dlpack__()
+    assert a.__dlpack_device__() == (1, 0)
+    with pytest.raises(gpumm.InvalidStateError):
+        a.free()
+    del cap
+    gc.collect()
+    a.free()
+
+
+def test_stitched_allocation_is_contiguous_memory():
+    pool = gpumm.MemoryPool(gpumm.Device(backend="host", vidmem="16MiB"), check=True)
+    held = [pool.alloc(2 * MiB) for _ in range(8)]
+    for a in held[1::2]:
+        a.free()
+    big = pool.alloc(7 * MiB)
+    assert pool.stats()["stitched"] == 1
+    v = np.asarray(big)
+    v[:] = np.arange(v.size, dtype=np.uint64).astype(np.uint8)
+    assert read(big.ptr + 2 * MiB - 8, 16) == bytes(v[2 * MiB - 8:2 * MiB + 8])
+    # the neighbours were not touched
+    for a in held[::2]:
+        assert read(a.ptr, 4096) == bytes(4096)
+    del v
+    big.free()
+
+
+def test_scrub_zeroes_on_free():
+    pool = gpumm.MemoryPool(gpumm.Device(backend="host", vidmem="16MiB"), scrub=True)
+    a = pool.alloc(5000)
+    np.asarray(a)[:] = 0xAB
+    ptr = a.ptr
+    a.free()
+    b = pool.alloc(5000)
+    assert b.ptr == ptr and read(b.ptr, 5000) == bytes(5000)
+
+
+def test_zero_param(host_pool):
+    a = host_pool.alloc(5000)
+    np.asarray(a)[:] = 1
+    ptr = a.ptr
+    a.free()
+    b = host_pool.alloc(5000)
+    assert b.ptr == ptr and read(b.ptr, 10) == b"\x01" * 10  # reuse is not zeroed ...
+    b.zero()
+    assert read(b.ptr, 5000) == bytes(5000)  # ... unless asked
+
+
+def test_defrag_preserves_contents(host_pool):
+    allocs = [host_pool.alloc(64 * KiB, movable=True) for _ in range(96)]
+    keep = []
+    for i, a in enumerate(allocs):
+        if i % 8:
+            a.free()
+        else:
+            ctypes.memset(a.ptr, i, 64 * KiB)
+            keep.append((i, a))
+    r = host_pool.defrag()
+    assert r["moved_allocations"] > 0
+    for i, a in keep:
+        assert read(a.ptr, 64 * KiB) == bytes([i]) * (64 * KiB)
+
+
+def test_released_pages_give_memory_back():
+    dev = gpumm.Device(backend="host", vidmem="64MiB")
+    pool = gpumm.MemoryPool(dev)
+    a = pool.alloc(32 * MiB)
+    np.asarray(a)[:] = 1
+    a.free()
+    assert pool.trim() == 32 * MiB
+    b = pool.alloc(32 * MiB)  # the punched pages read back as zeros
+    assert read(b.ptr, 4096) == bytes(4096)
