@@ -182,16 +182,18 @@ pub struct ScopeReport {
 enum PageKind {
     /// Not held by the pool.
     Absent,
-    Free,
+    /// Held, and either free (in a free run) or a middle page of a stitched allocation; which
+    /// one is not written per page (a 64 MiB allocation would touch 32 pages twice): the free
+    /// runs and the stitches say it, and the on-demand walks read them there.
+    Owned,
     Heap,
     Large,
-    Full,
 }
 
 #[derive(Copy, Clone, Debug)]
 struct Page {
     kind: PageKind,
-    /// Heap and Large: the first block. Full: the owning allocation's slot.
+    /// Heap and Large: the first block.
     first: u32,
     /// Heap and Large: granules in used blocks.
     used: u32,
@@ -221,22 +223,28 @@ enum State {
     Freeing,
 }
 
-#[derive(Clone, Debug)]
+/// Where an allocation's memory is. Small and `Copy`: stitched layouts live in their own
+/// arena (moving a large enum through every call cost a fifth of the allocation path).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Layout {
     None,
     /// One block in a heap or large page.
     Block(u32),
-    Stitched {
-        /// A free block that ended at its page's end (NIL: none).
-        head: u32,
-        /// Whole pages, in mapping order.
-        runs: SmallVec<[(u32, u32); 2]>,
-        /// A block that starts at its page's start (NIL: none).
-        tail: u32,
-        /// Pages of the stitching window (NIL: addressed through the direct map).
-        window: u32,
-        window_len: u32,
-    },
+    /// An entry of `Pool::stitches`.
+    Stitched(u32),
+}
+
+#[derive(Clone, Debug, Default)]
+struct Stitch {
+    /// A free block that ended at its page's end (NIL: none).
+    head: u32,
+    /// Whole pages, in mapping order.
+    runs: SmallVec<[(u32, u32); 2]>,
+    /// A block that starts at its page's start (NIL: none).
+    tail: u32,
+    /// Pages of the stitching window (NIL: addressed through the direct map).
+    window: u32,
+    window_len: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -309,6 +317,8 @@ pub struct Pool {
     prefix_bins: Bins,
     allocs: Vec<Alloc>,
     vacant_allocs: Vec<u32>,
+    stitches: Vec<Stitch>,
+    vacant_stitches: Vec<u32>,
     by_ptr: FxHashMap<u64, u32>,
     streams: FxHashMap<u64, StreamState>,
     fence_stream: FxHashMap<u64, u64>,
@@ -410,6 +420,8 @@ impl Pool {
             prefix_bins: Bins::default(),
             allocs: Vec::new(),
             vacant_allocs: Vec::new(),
+            stitches: Vec::new(),
+            vacant_stitches: Vec::new(),
             by_ptr: FxHashMap::default(),
             streams: FxHashMap::default(),
             fence_stream: FxHashMap::default(),
@@ -489,7 +501,7 @@ impl Pool {
         for info in infos {
             let p = (info.addr >> self.page_shift) as u32;
             self.pages[p as usize] = Page {
-                kind: PageKind::Free,
+                kind: PageKind::Owned,
                 first: NIL,
                 used: 0,
                 chunk: info.id.to_bits(),
@@ -573,7 +585,7 @@ impl Pool {
 
     /// A page is free again.
     fn page_free(&mut self, p: u32) {
-        self.page_to(p, PageKind::Free, NIL);
+        self.page_to(p, PageKind::Owned, NIL);
         self.free_pages.free(p, 1);
     }
 
@@ -911,10 +923,8 @@ impl Pool {
             match next_to_head {
                 Some(p) if self.free_pages.alloc_at(p, need) => runs.push((p, need)),
                 _ => {
-                    let mut v = Vec::new();
-                    let ok = self.free_pages.alloc_scattered(need, &mut v);
+                    let ok = self.free_pages.alloc_scattered(need, &mut runs);
                     debug_assert!(ok);
-                    runs.extend(v);
                 }
             }
         }
@@ -931,11 +941,6 @@ impl Pool {
             self.remove_free(head);
             self.take_whole(head, a);
         }
-        for &(s, l) in &runs {
-            for p in s..s + l {
-                self.page_to(p, PageKind::Full, a);
-            }
-        }
         if tail_page != NIL {
             let b = self.open_page(tail_page, PageKind::Large);
             tail = self.carve(b, 0, t, a);
@@ -943,85 +948,92 @@ impl Pool {
             self.remove_free(tail);
             tail = self.carve(tail, 0, t, a);
         }
-        Some(Layout::Stitched {
+        let st = Stitch {
             head,
             runs,
             tail,
             window: NIL,
             window_len: 0,
-        })
+        };
+        let i = match self.vacant_stitches.pop() {
+            Some(i) => {
+                self.stitches[i as usize] = st;
+                i
+            }
+            None => {
+                self.stitches.push(st);
+                (self.stitches.len() - 1) as u32
+            }
+        };
+        Some(Layout::Stitched(i))
     }
 
     /// The pages of a stitched layout in mapping order, as physically consecutive segments.
-    fn segments(&self, layout: &Layout) -> SmallVec<[(u32, u32); 4]> {
+    fn segments(&self, st: &Stitch) -> SmallVec<[(u32, u32); 4]> {
         let mut segs: SmallVec<[(u32, u32); 4]> = SmallVec::new();
         let mut push = |p: u32, n: u32| match segs.last_mut() {
             Some(last) if last.0 + last.1 == p => last.1 += n,
             _ => segs.push((p, n)),
         };
-        if let Layout::Stitched {
-            head, runs, tail, ..
-        } = layout
-        {
-            if *head != NIL {
-                push(self.blocks[*head as usize].page, 1);
-            }
-            for &(s, l) in runs {
-                push(s, l);
-            }
-            if *tail != NIL {
-                push(self.blocks[*tail as usize].page, 1);
-            }
+        if st.head != NIL {
+            push(self.blocks[st.head as usize].page, 1);
+        }
+        for &(s, l) in &st.runs {
+            push(s, l);
+        }
+        if st.tail != NIL {
+            push(self.blocks[st.tail as usize].page, 1);
         }
         segs
     }
 
     /// Gives a placed layout its address: the direct map when its pages are consecutive,
     /// else pages of the stitching window, mapped.
-    fn address(&mut self, layout: &mut Layout) -> Result<u64> {
+    #[inline]
+    fn address(&mut self, layout: Layout) -> Result<u64> {
         match layout {
             Layout::None => unreachable!("no layout"),
             Layout::Block(b) => {
-                let blk = self.blocks[*b as usize];
+                let blk = self.blocks[b as usize];
                 Ok(self.direct_addr(blk.page, blk.off))
             }
-            Layout::Stitched { head, .. } => {
-                let head_off = if *head == NIL {
-                    0
-                } else {
-                    self.blocks[*head as usize].off
-                };
-                let segs = self.segments(layout);
-                if segs.len() == 1 {
-                    return Ok(self.direct_addr(segs[0].0, head_off));
-                }
-                let total: u32 = segs.iter().map(|s| s.1).sum();
-                let w = self.window.alloc(total).ok_or_else(|| {
-                    Error::OutOfMemory("the pool's stitching window is exhausted".into())
-                })?;
-                let ps = self.cfg.page_size;
-                let base = self.window_base + ((w as u64) << self.page_shift);
-                let mut va = base;
-                for &(p, n) in &segs {
-                    let len = n as u64 * ps;
-                    if let Err(e) = self.dev.backend.map(va, (p as u64) << self.page_shift, len) {
-                        let _ = self.dev.backend.unmap(base, va - base);
-                        self.window.free(w, total);
-                        return Err(e);
-                    }
-                    va += len;
-                }
-                if let Layout::Stitched {
-                    window, window_len, ..
-                } = layout
-                {
-                    *window = w;
-                    *window_len = total;
-                }
-                self.counters.stitched += 1;
-                Ok(base + head_off as u64 * GRANULE)
-            }
+            Layout::Stitched(i) => self.stitch_address(i),
         }
+    }
+
+    fn stitch_address(&mut self, i: u32) -> Result<u64> {
+        let st = &self.stitches[i as usize];
+        let head_off = if st.head == NIL {
+            0
+        } else {
+            self.blocks[st.head as usize].off
+        };
+        let segs = self.segments(st);
+        if segs.len() == 1 {
+            return Ok(self.direct_addr(segs[0].0, head_off));
+        }
+        let total: u32 = segs.iter().map(|s| s.1).sum();
+        let w = self
+            .window
+            .alloc(total)
+            .ok_or_else(|| Error::OutOfMemory("the pool's stitching window is exhausted".into()))?;
+        let ps = self.cfg.page_size;
+        let base = self.window_base + ((w as u64) << self.page_shift);
+        let mut va = base;
+        for &(p, n) in &segs {
+            let len = n as u64 * ps;
+            if let Err(e) = self.dev.backend.map(va, (p as u64) << self.page_shift, len) {
+                let _ = self.dev.backend.unmap(base, va - base);
+                self.window.free(w, total);
+                return Err(e);
+            }
+            va += len;
+        }
+        let st = &mut self.stitches[i as usize];
+        st.window = w;
+        st.window_len = total;
+        self.counters.stitched += 1;
+        Ok(base + head_off as u64 * GRANULE)
     }
 
     /// Returns a layout's memory: blocks, pages and window.
@@ -1029,31 +1041,24 @@ impl Pool {
         match layout {
             Layout::None => {}
             Layout::Block(b) => self.release_block(b),
-            Layout::Stitched {
-                head,
-                runs,
-                tail,
-                window,
-                window_len,
-            } => {
-                if window != NIL {
-                    let va = self.window_base + ((window as u64) << self.page_shift);
-                    let len = (window_len as u64) << self.page_shift;
+            Layout::Stitched(i) => {
+                let st = std::mem::take(&mut self.stitches[i as usize]);
+                self.vacant_stitches.push(i);
+                if st.window != NIL {
+                    let va = self.window_base + ((st.window as u64) << self.page_shift);
+                    let len = (st.window_len as u64) << self.page_shift;
                     let r = self.dev.backend.unmap(va, len);
                     debug_assert!(r.is_ok(), "unmap failed: {r:?}");
-                    self.window.free(window, window_len);
+                    self.window.free(st.window, st.window_len);
                 }
-                if head != NIL {
-                    self.release_block(head);
+                if st.head != NIL {
+                    self.release_block(st.head);
                 }
-                for (s, l) in runs {
-                    for p in s..s + l {
-                        self.page_to(p, PageKind::Free, NIL);
-                    }
+                for (s, l) in st.runs {
                     self.free_pages.free(s, l);
                 }
-                if tail != NIL {
-                    self.release_block(tail);
+                if st.tail != NIL {
+                    self.release_block(st.tail);
                 }
             }
         }
@@ -1102,7 +1107,7 @@ impl Pool {
             movable: x.movable,
             stitched: matches!(
                 x.layout,
-                Layout::Stitched { window, .. } if window != NIL
+                Layout::Stitched(i) if self.stitches[i as usize].window != NIL
             ),
             pins: x.pins,
             scope: x.scope,
@@ -1171,7 +1176,7 @@ impl Pool {
             return Ok(r);
         }
         let a = self.new_slot();
-        let mut layout = match self.place(units, a, false) {
+        let layout = match self.place(units, a, false) {
             Some(l) => l,
             None => {
                 // The way to out of memory: compact what may move, then use anything.
@@ -1188,7 +1193,7 @@ impl Pool {
                 }
             }
         };
-        let ptr = match self.address(&mut layout) {
+        let ptr = match self.address(layout) {
             Ok(p) => p,
             Err(e) => {
                 self.unplace(layout);
@@ -1239,6 +1244,9 @@ impl Pool {
     /// serve a request of the same rounded size on that stream at once (work on one stream
     /// runs in order).
     fn reuse(&mut self, req: Request, units: u64) -> Option<(AllocId, u64)> {
+        if self.streams.is_empty() {
+            return None;
+        }
         let st = self.streams.get_mut(&req.stream)?;
         let v = st.reuse.get_mut(&units)?;
         while let Some((a, g)) = v.pop() {

@@ -111,12 +111,12 @@ impl Runs {
 
     /// Takes `n` units in as few runs as the free runs allow (one if a run holds `n`, else
     /// the largest runs first), or nothing if fewer than `n` are free.
-    pub fn alloc_scattered(&mut self, n: u32, out: &mut Vec<(u32, u32)>) -> bool {
+    pub fn alloc_scattered(&mut self, n: u32, out: &mut impl Extend<(u32, u32)>) -> bool {
         if (n as u64) > self.free_units {
             return false;
         }
         if let Some(s) = self.alloc(n) {
-            out.push((s, n));
+            out.extend([(s, n)]);
             return true;
         }
         let mut left = n;
@@ -128,7 +128,7 @@ impl Runs {
             let start = self.bins.head(b);
             let take = self.start_len[start as usize].min(left);
             self.take_front(start, take);
-            out.push((start, take));
+            out.extend([(start, take)]);
             left -= take;
         }
         true

@@ -118,6 +118,21 @@ pub struct PoolStats {
 }
 
 impl Pool {
+    /// For each page, the slot of the stitched allocation it is a middle page of (NIL if none).
+    fn full_owners(&self) -> Vec<u32> {
+        let mut owner = vec![NIL; self.pages.len()];
+        for (a, x) in self.allocs.iter().enumerate() {
+            if let Layout::Stitched(i) = x.layout {
+                for &(s, l) in &self.stitches[i as usize].runs {
+                    for p in s..s + l {
+                        owner[p as usize] = a as u32;
+                    }
+                }
+            }
+        }
+        owner
+    }
+
     pub fn stats(&self) -> PoolStats {
         let c = &self.counters;
         let ps = self.cfg.page_size;
@@ -149,10 +164,11 @@ impl Pool {
             latency_p99_ns: self.latency.quantile(0.99),
             ..PoolStats::default()
         };
+        s.pages_free = self.free_pages.free_units();
         for page in &self.pages {
             match page.kind {
                 PageKind::Absent => {}
-                PageKind::Free => s.pages_free += 1,
+                PageKind::Owned => s.pages_full += 1,
                 PageKind::Heap => {
                     s.pages_heap += 1;
                     s.heap_free_bytes += (self.pg - page.used) as u64 * GRANULE;
@@ -161,9 +177,9 @@ impl Pool {
                     s.pages_large += 1;
                     s.large_free_bytes += (self.pg - page.used) as u64 * GRANULE;
                 }
-                PageKind::Full => s.pages_full += 1,
             }
         }
+        s.pages_full -= s.pages_free;
         // Free ranges in physical order, merged where they touch.
         let mut free: Vec<(u64, u64)> = self
             .free_pages
@@ -234,16 +250,27 @@ impl Pool {
                 free_runs[p as usize] = true;
             }
         }
+        let owners = self.full_owners();
         let mut owned = 0u64;
         let (mut nheap, mut nlarge, mut nsuffix, mut nprefix) = (0usize, 0usize, 0usize, 0usize);
         let mut block_seen = 0usize;
         for (p, page) in self.pages.iter().enumerate() {
             let p = p as u32;
-            if (page.kind == PageKind::Free) != free_runs[p as usize] {
+            let full = owners[p as usize] != NIL;
+            if free_runs[p as usize] && (page.kind != PageKind::Owned || full) {
                 return Err(format!(
-                    "page {p} is {:?} but free-run membership says {}",
-                    page.kind, free_runs[p as usize]
+                    "free page {p} is {:?} (owner {})",
+                    page.kind, owners[p as usize]
                 ));
+            }
+            if full && page.kind != PageKind::Owned {
+                return Err(format!(
+                    "middle page {p} of a stitched allocation is {:?}",
+                    page.kind
+                ));
+            }
+            if page.kind == PageKind::Owned && !full && !free_runs[p as usize] {
+                return Err(format!("page {p} is held but neither free nor used"));
             }
             if page.kind != PageKind::Absent {
                 owned += 1;
@@ -281,7 +308,10 @@ impl Pool {
                             let x = &self.allocs[blk.alloc as usize];
                             let owns = match &x.layout {
                                 Layout::Block(ob) => *ob == b,
-                                Layout::Stitched { head, tail, .. } => *head == b || *tail == b,
+                                Layout::Stitched(i) => {
+                                    let st = &self.stitches[*i as usize];
+                                    st.head == b || st.tail == b
+                                }
                                 Layout::None => false,
                             };
                             if x.state == State::Vacant || !owns {
@@ -305,15 +335,7 @@ impl Pool {
                         ));
                     }
                 }
-                PageKind::Full => {
-                    let x = &self.allocs[page.first as usize];
-                    let owns = matches!(&x.layout, Layout::Stitched { runs, .. }
-                        if runs.iter().any(|&(s, l)| p >= s && p < s + l));
-                    if x.state == State::Vacant || !owns {
-                        return Err(format!("full page {p} has no owner"));
-                    }
-                }
-                PageKind::Free | PageKind::Absent => {}
+                PageKind::Owned | PageKind::Absent => {}
             }
         }
         if block_seen + self.vacant_blocks.len() != self.blocks.len() {
@@ -387,15 +409,10 @@ impl Pool {
             }
             let held = match &x.layout {
                 Layout::Block(b) => self.blocks[*b as usize].len as u64,
-                Layout::Stitched {
-                    head,
-                    runs,
-                    tail,
-                    window,
-                    window_len,
-                } => {
-                    if *window != NIL {
-                        mapped += *window_len as u64;
+                Layout::Stitched(i) => {
+                    let st = &self.stitches[*i as usize];
+                    if st.window != NIL {
+                        mapped += st.window_len as u64;
                     }
                     let part = |b: u32| {
                         if b == NIL {
@@ -404,9 +421,9 @@ impl Pool {
                             self.blocks[b as usize].len as u64
                         }
                     };
-                    part(*head)
-                        + part(*tail)
-                        + runs.iter().map(|r| r.1 as u64).sum::<u64>() * self.pg as u64
+                    part(st.head)
+                        + part(st.tail)
+                        + st.runs.iter().map(|r| r.1 as u64).sum::<u64>() * self.pg as u64
                 }
                 Layout::None => return Err(format!("allocation {a} has no memory")),
             };
@@ -455,15 +472,16 @@ impl Pool {
     /// picture; the replay tools turn it into PyTorch's snapshot layout).
     pub fn page_snapshot(&self) -> Vec<PageSnapshot> {
         let ps = self.cfg.page_size;
+        let owners = self.full_owners();
         let mut out = Vec::new();
         for (p, page) in self.pages.iter().enumerate() {
             let addr = p as u64 * ps;
             let (kind, blocks) = match page.kind {
                 PageKind::Absent => continue,
-                PageKind::Free => ("free", vec![(0, ps, None)]),
-                PageKind::Full => (
+                PageKind::Owned if owners[p] == NIL => ("free", vec![(0, ps, None)]),
+                PageKind::Owned => (
                     "full",
-                    vec![(0, ps, Some(self.allocs[page.first as usize].ptr))],
+                    vec![(0, ps, Some(self.allocs[owners[p] as usize].ptr))],
                 ),
                 PageKind::Heap | PageKind::Large => (
                     if page.kind == PageKind::Heap {

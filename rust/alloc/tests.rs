@@ -367,10 +367,10 @@ fn host_stitching_is_real_memory() {
         *b = (i % 251) as u8;
     }
     // the same bytes, through the direct map of the pages it was stitched from
-    let Layout::Stitched { ref runs, .. } = p.allocs[big.index as usize].layout else {
+    let Layout::Stitched(i) = p.allocs[big.index as usize].layout else {
         panic!()
     };
-    let first = runs[0].0;
+    let first = p.stitches[i as usize].runs[0].0;
     let direct = p.direct_addr(first, 0);
     // SAFETY: the direct map covers every page of the device.
     let page = unsafe { std::slice::from_raw_parts(direct as *const u8, (2 * MIB) as usize) };

@@ -1,0 +1,122 @@
+//! Criterion benchmarks of the pool (rust/alloc), mirrored by benches/test_pool_bench.py.
+//!
+//! - `churn/mixed`: an 80 GiB simulated device holding 2048 allocations of log-uniform sizes
+//!   from 256 B to 64 MiB; each iteration frees one allocation of the churning half (chosen at
+//!   random) and allocates a new random size in its place: one alloc + free pair.
+//! - `pair/1KiB`, `pair/3MiB`: a fixed-size pair on a warm pool.
+//! - `batch/mixed`: 1024 mixed sizes through `alloc_batch` then `free_batch`; reported per pair.
+
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use parking_lot::Mutex;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::hint::black_box;
+
+use _core::alloc::{AllocId, Device, Pool, PoolConfig, Request};
+use _core::backend::Simulated;
+use _core::pmm::{Pmm, PmmConfig, SizeMask};
+
+const K: u64 = 1024;
+const M: u64 = 1024 * K;
+const G: u64 = 1024 * M;
+
+fn pool(vidmem: u64) -> Pool {
+    let mut c = PmmConfig::new(
+        vidmem,
+        SizeMask::from_sizes(&[4 * K, 64 * K, 2 * M]).unwrap(),
+        SizeMask::from_sizes(&[256, 4 * K, 64 * K, 2 * M]).unwrap(),
+    );
+    c.check = false;
+    let dev = Arc::new(Device {
+        pmm: Arc::new(Mutex::new(Pmm::new(c).unwrap())),
+        backend: Arc::new(Simulated::new(vidmem, 2 * M).unwrap()),
+    });
+    Pool::new(dev, PoolConfig::new(2 * M)).unwrap()
+}
+
+/// Log-uniform sizes from 256 B to 64 MiB.
+pub fn mixed_sizes(n: usize, seed: u64) -> Vec<u64> {
+    log_uniform(n, seed, 8.0, 26.0)
+}
+
+fn log_uniform(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<u64> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| 2f64.powf(rng.gen_range(lo..hi)) as u64).collect()
+}
+
+fn req(size: u64) -> Request {
+    Request {
+        size,
+        ..Request::default()
+    }
+}
+
+fn churn(c: &mut Criterion) {
+    let mut g = c.benchmark_group("churn");
+    g.throughput(Throughput::Elements(1));
+    // mixed: the whole range; small and large: its two halves, to see where the time goes
+    for (name, lo, hi) in [("mixed", 8.0, 26.0), ("small", 8.0, 20.0), ("large", 20.0, 26.0)] {
+        let mut p = pool(80 * G);
+        let live_n = 2048;
+        let mut live: Vec<AllocId> = log_uniform(live_n, 1, lo, hi)
+            .into_iter()
+            .map(|s| p.alloc(req(s)).unwrap().0)
+            .collect();
+        let sizes = log_uniform(1 << 16, 2, lo, hi);
+        let mut rng = StdRng::seed_from_u64(3);
+        let slots: Vec<usize> = (0..1 << 16).map(|_| rng.gen_range(0..live_n / 2)).collect();
+        let mut i = 0usize;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let k = i & 0xffff;
+                i += 1;
+                let slot = slots[k];
+                p.free(live[slot]).unwrap();
+                live[slot] = p.alloc(req(black_box(sizes[k]))).unwrap().0;
+            })
+        });
+        p.validate().unwrap();
+    }
+    g.finish();
+}
+
+fn pairs(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pair");
+    g.throughput(Throughput::Elements(1));
+    for (name, size) in [("1KiB", K), ("3MiB", 3 * M)] {
+        let mut p = pool(80 * G);
+        let _keep: Vec<_> = (0..70).map(|_| p.alloc(req(size)).unwrap()).collect();
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let (id, _) = p.alloc(req(black_box(size))).unwrap();
+                p.free(id).unwrap();
+            })
+        });
+    }
+    g.finish();
+}
+
+fn batch(c: &mut Criterion) {
+    let mut g = c.benchmark_group("batch");
+    let n = 1024;
+    g.throughput(Throughput::Elements(n as u64));
+    let mut p = pool(80 * G);
+    let _keep: Vec<_> = mixed_sizes(1024, 4)
+        .into_iter()
+        .map(|s| p.alloc(req(s)).unwrap())
+        .collect();
+    let sizes = mixed_sizes(n, 5);
+    let mut out = Vec::with_capacity(n);
+    g.bench_function("mixed", |b| {
+        b.iter(|| {
+            out.clear();
+            p.alloc_batch(black_box(&sizes), 0, &mut out).unwrap();
+            p.free_batch(&out).unwrap();
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, churn, pairs, batch);
+criterion_main!(benches);
