@@ -6,8 +6,9 @@
 //! power of two is cut in 8 equal steps. So a bin's lower bound is within 12.5 % of every
 //! size in it, and `u32::MAX` units fall in bin 239.
 //!
-//! Items are linked through a caller-owned array of [`Link`]s (one per item, by index), so the
-//! lists need no memory of their own and an item can sit in two indexes through two arrays.
+//! Items are linked through caller-owned [`Link`]s (one per item and index, reached through
+//! [`LinkRead`] / [`LinkWrite`]), so the lists need no memory of their own, an item can sit in
+//! two indexes, and the links can live inside the item (one cache line per item).
 
 #![deny(unsafe_code)]
 
@@ -75,6 +76,30 @@ impl Link {
     };
 }
 
+/// Read access to the links of items, by item index.
+pub trait LinkRead {
+    fn link(&self, i: u32) -> Link;
+}
+
+/// Write access to the links of items.
+pub trait LinkWrite: LinkRead {
+    fn link_mut(&mut self, i: u32) -> &mut Link;
+}
+
+impl LinkRead for [Link] {
+    #[inline]
+    fn link(&self, i: u32) -> Link {
+        self[i as usize]
+    }
+}
+
+impl LinkWrite for [Link] {
+    #[inline]
+    fn link_mut(&mut self, i: u32) -> &mut Link {
+        &mut self[i as usize]
+    }
+}
+
 /// One list head per bin and a bitmap of the non-empty bins. Invariant: bit `b` is set iff
 /// `heads[b] != NIL`.
 #[derive(Clone, Debug)]
@@ -110,14 +135,14 @@ impl Bins {
 
     /// Pushes `item` at the head of `bin` (LIFO: the most recently freed is reused first).
     #[inline]
-    pub fn push(&mut self, links: &mut [Link], item: u32, bin: usize) {
+    pub fn push<L: LinkWrite + ?Sized>(&mut self, links: &mut L, item: u32, bin: usize) {
         let head = self.heads[bin];
-        links[item as usize] = Link {
+        *links.link_mut(item) = Link {
             prev: NIL,
             next: head,
         };
         if head != NIL {
-            links[head as usize].prev = item;
+            links.link_mut(head).prev = item;
         } else {
             self.bitmap[bin / 64] |= 1 << (bin % 64);
         }
@@ -127,10 +152,10 @@ impl Bins {
 
     /// Unlinks `item`, which must be in `bin`.
     #[inline]
-    pub fn remove(&mut self, links: &mut [Link], item: u32, bin: usize) {
-        let Link { prev, next } = links[item as usize];
+    pub fn remove<L: LinkWrite + ?Sized>(&mut self, links: &mut L, item: u32, bin: usize) {
+        let Link { prev, next } = links.link(item);
         if prev != NIL {
-            links[prev as usize].next = next;
+            links.link_mut(prev).next = next;
         } else {
             debug_assert_eq!(self.heads[bin], item);
             self.heads[bin] = next;
@@ -139,9 +164,9 @@ impl Bins {
             }
         }
         if next != NIL {
-            links[next as usize].prev = prev;
+            links.link_mut(next).prev = prev;
         }
-        links[item as usize] = Link::UNLINKED;
+        *links.link_mut(item) = Link::UNLINKED;
         self.len -= 1;
     }
 
@@ -185,12 +210,16 @@ impl Bins {
     }
 
     /// Items of `bin`, head first (for checks and bounded scans).
-    pub fn iter<'a>(&self, links: &'a [Link], bin: usize) -> impl Iterator<Item = u32> + 'a {
+    pub fn iter<'a, L: LinkRead + ?Sized>(
+        &self,
+        links: &'a L,
+        bin: usize,
+    ) -> impl Iterator<Item = u32> + 'a {
         let mut cur = self.heads[bin];
         std::iter::from_fn(move || {
             (cur != NIL).then(|| {
                 let item = cur;
-                cur = links[item as usize].next;
+                cur = links.link(item).next;
                 item
             })
         })
@@ -200,9 +229,9 @@ impl Bins {
     /// of at most `scan` looked at), else the head of the lowest bin whose items all hold `n`.
     /// `size` gives an item's size. O(1): at most `scan` items are looked at.
     #[inline]
-    pub fn find_fit(
+    pub fn find_fit<L: LinkRead + ?Sized>(
         &self,
-        links: &[Link],
+        links: &L,
         n: u32,
         scan: usize,
         size: impl Fn(u32) -> u32,
@@ -220,9 +249,9 @@ impl Bins {
     /// The largest item of at most `n` units, near enough: an item of `n`'s own bin that is at
     /// most `n` (among the first `scan`), else the head of the highest bin below it.
     #[inline]
-    pub fn find_at_most(
+    pub fn find_at_most<L: LinkRead + ?Sized>(
         &self,
-        links: &[Link],
+        links: &L,
         n: u32,
         scan: usize,
         size: impl Fn(u32) -> u32,
@@ -266,17 +295,18 @@ mod tests {
     #[test]
     fn bitmap_search() {
         let mut bins = Bins::default();
-        let mut links = vec![Link::UNLINKED; 4];
-        bins.push(&mut links, 0, 3);
-        bins.push(&mut links, 1, 100);
-        bins.push(&mut links, 2, 200);
+        let mut v = vec![Link::UNLINKED; 4];
+        let links = v.as_mut_slice();
+        bins.push(links, 0, 3);
+        bins.push(links, 1, 100);
+        bins.push(links, 2, 200);
         assert_eq!(bins.first_at_or_above(0), Some(3));
         assert_eq!(bins.first_at_or_above(4), Some(100));
         assert_eq!(bins.first_at_or_above(201), None);
         assert_eq!(bins.last_at_or_below(239), Some(200));
         assert_eq!(bins.last_at_or_below(199), Some(100));
         assert_eq!(bins.last_at_or_below(2), None);
-        bins.remove(&mut links, 1, 100);
+        bins.remove(links, 1, 100);
         assert_eq!(bins.first_at_or_above(4), Some(200));
         assert_eq!(bins.len(), 2);
     }

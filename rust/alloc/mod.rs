@@ -29,11 +29,13 @@
 //!   is `Free` instead).
 //! - A page is `Free` iff it is in a free run; `Full` pages belong to the runs of one live or
 //!   freeing allocation.
-//! - `by_ptr` maps the pointer of every live or freeing allocation, and nothing else.
+//! - `by_ptr`, once built, maps the pointer of every live or freeing allocation, and nothing
+//!   else.
 
 #![deny(unsafe_code)]
 
 pub mod bins;
+mod ptrmap;
 pub mod runs;
 mod stats;
 #[cfg(test)]
@@ -51,7 +53,8 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::pmm::{ChunkId, ChunkType, Pmm};
 use crate::units::format_size;
-use bins::{bin_of, Bins, Link, NIL};
+use bins::{bin_of, Bins, Link, LinkRead, LinkWrite, NIL};
+use ptrmap::PtrMap;
 use runs::Runs;
 
 pub use stats::{Histogram, PageSnapshot, PoolStats};
@@ -195,13 +198,14 @@ struct Page {
     kind: PageKind,
     /// Heap and Large: the first block.
     first: u32,
-    /// Heap and Large: granules in used blocks.
-    used: u32,
     /// The PMM chunk (bits of its ChunkId) while the pool holds the page.
     chunk: u64,
 }
 
+/// A piece of a heap or large page. Its bin links live in it, and it knows its page kind,
+/// so the hot paths touch one cache line per block (the page table is not read).
 #[derive(Copy, Clone, Debug)]
+#[repr(align(16))]
 struct Block {
     page: u32,
     /// Offset and length in granules within the page.
@@ -210,9 +214,38 @@ struct Block {
     /// Neighbours in the page (NIL at its ends).
     prev: u32,
     next: u32,
-    free: bool,
     /// The owning allocation's slot while used.
     alloc: u32,
+    free: bool,
+    /// In a heap page (else a large page).
+    heap: bool,
+    /// Links in the primary bins (heap or large) and the secondary ones (suffix or prefix).
+    links: [Link; 2],
+}
+
+/// The links of slot `S` of every block, for [`Bins`].
+struct BlockLinks<'a, const S: usize>(&'a mut [Block]);
+struct BlockLinksRef<'a, const S: usize>(&'a [Block]);
+
+impl<const S: usize> LinkRead for BlockLinks<'_, S> {
+    #[inline]
+    fn link(&self, i: u32) -> Link {
+        self.0[i as usize].links[S]
+    }
+}
+
+impl<const S: usize> LinkWrite for BlockLinks<'_, S> {
+    #[inline]
+    fn link_mut(&mut self, i: u32) -> &mut Link {
+        &mut self.0[i as usize].links[S]
+    }
+}
+
+impl<const S: usize> LinkRead for BlockLinksRef<'_, S> {
+    #[inline]
+    fn link(&self, i: u32) -> Link {
+        self.0[i as usize].links[S]
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -248,6 +281,7 @@ struct Stitch {
 }
 
 #[derive(Clone, Debug)]
+#[repr(align(64))]
 struct Alloc {
     generation: u32,
     state: State,
@@ -308,8 +342,6 @@ pub struct Pool {
     window_bytes: u64,
     window: Runs,
     blocks: Vec<Block>,
-    link0: Vec<Link>,
-    link1: Vec<Link>,
     vacant_blocks: Vec<u32>,
     heap_bins: Bins,
     large_bins: Bins,
@@ -319,7 +351,10 @@ pub struct Pool {
     vacant_allocs: Vec<u32>,
     stitches: Vec<Stitch>,
     vacant_stitches: Vec<u32>,
-    by_ptr: FxHashMap<u64, u32>,
+    /// Pointer → slot, built on the first call that names an allocation by pointer (a pool
+    /// used only through handles never pays for it: it was 170 of the 950 instructions of an
+    /// alloc + free pair).
+    by_ptr: Option<PtrMap>,
     streams: FxHashMap<u64, StreamState>,
     fence_stream: FxHashMap<u64, u64>,
     next_fence: u64,
@@ -401,7 +436,6 @@ impl Pool {
                 Page {
                     kind: PageKind::Absent,
                     first: NIL,
-                    used: 0,
                     chunk: 0
                 };
                 num_pages as usize
@@ -411,8 +445,6 @@ impl Pool {
             window_bytes,
             window,
             blocks: Vec::new(),
-            link0: Vec::new(),
-            link1: Vec::new(),
             vacant_blocks: Vec::new(),
             heap_bins: Bins::default(),
             large_bins: Bins::default(),
@@ -422,7 +454,7 @@ impl Pool {
             vacant_allocs: Vec::new(),
             stitches: Vec::new(),
             vacant_stitches: Vec::new(),
-            by_ptr: FxHashMap::default(),
+            by_ptr: None,
             streams: FxHashMap::default(),
             fence_stream: FxHashMap::default(),
             next_fence: 1,
@@ -461,6 +493,7 @@ impl Pool {
         self.closed
     }
 
+    #[inline]
     fn check(&self) {
         if self.cfg.check {
             if let Err(e) = self.validate() {
@@ -469,6 +502,7 @@ impl Pool {
         }
     }
 
+    #[inline]
     fn open(&self) -> Result<()> {
         if self.closed {
             Err(Error::InvalidState("the pool is closed".into()))
@@ -503,7 +537,6 @@ impl Pool {
             self.pages[p as usize] = Page {
                 kind: PageKind::Owned,
                 first: NIL,
-                used: 0,
                 chunk: info.id.to_bits(),
             };
             self.free_pages.free(p, 1);
@@ -557,7 +590,6 @@ impl Pool {
             *page = Page {
                 kind: PageKind::Absent,
                 first: NIL,
-                used: 0,
                 chunk: 0,
             };
             self.dev.backend.discard(p as u64 * ps, ps);
@@ -569,6 +601,7 @@ impl Pool {
         bytes
     }
 
+    #[inline]
     fn after_free(&mut self) {
         if let Some(th) = self.cfg.release_threshold {
             self.release_pages(th);
@@ -580,7 +613,6 @@ impl Pool {
         let page = &mut self.pages[p as usize];
         page.kind = kind;
         page.first = first;
-        page.used = 0;
     }
 
     /// A page is free again.
@@ -592,29 +624,28 @@ impl Pool {
     // --------------------------------------------------------------------------------------
     // Blocks
 
+    #[inline]
     fn new_block(&mut self, b: Block) -> u32 {
         if let Some(i) = self.vacant_blocks.pop() {
             self.blocks[i as usize] = b;
             i
         } else {
             self.blocks.push(b);
-            self.link0.push(Link::UNLINKED);
-            self.link1.push(Link::UNLINKED);
             (self.blocks.len() - 1) as u32
         }
     }
 
+    #[inline]
     fn drop_block(&mut self, b: u32) {
         self.blocks[b as usize].page = NIL;
         self.vacant_blocks.push(b);
     }
 
-    /// The bins of a free block: (primary, secondary) where secondary is 1 for suffix, 2 for
+    /// The bins of a free block: (heap, secondary) where secondary is 1 for suffix, 2 for
     /// prefix, 0 for none.
-    fn block_class(&self, b: u32) -> (bool, u8) {
-        let blk = &self.blocks[b as usize];
-        let heap = self.pages[blk.page as usize].kind == PageKind::Heap;
-        let sec = if heap {
+    #[inline]
+    fn block_class(&self, blk: &Block) -> (bool, u8) {
+        let sec = if blk.heap {
             0
         } else if blk.off + blk.len == self.pg {
             1
@@ -623,42 +654,48 @@ impl Pool {
         } else {
             0
         };
-        (heap, sec)
+        (blk.heap, sec)
     }
 
+    #[inline]
     fn insert_free(&mut self, b: u32) {
         let blk = self.blocks[b as usize];
         if blk.page == self.evacuating {
             return;
         }
         let bin = bin_of(blk.len);
-        let (heap, sec) = self.block_class(b);
+        let (heap, sec) = self.block_class(&blk);
+        let l0 = &mut BlockLinks::<0>(&mut self.blocks);
         if heap {
-            self.heap_bins.push(&mut self.link0, b, bin);
+            self.heap_bins.push(l0, b, bin);
         } else {
-            self.large_bins.push(&mut self.link0, b, bin);
+            self.large_bins.push(l0, b, bin);
+            let l1 = &mut BlockLinks::<1>(&mut self.blocks);
             match sec {
-                1 => self.suffix_bins.push(&mut self.link1, b, bin),
-                2 => self.prefix_bins.push(&mut self.link1, b, bin),
+                1 => self.suffix_bins.push(l1, b, bin),
+                2 => self.prefix_bins.push(l1, b, bin),
                 _ => {}
             }
         }
     }
 
+    #[inline]
     fn remove_free(&mut self, b: u32) {
         let blk = self.blocks[b as usize];
         if blk.page == self.evacuating {
             return;
         }
         let bin = bin_of(blk.len);
-        let (heap, sec) = self.block_class(b);
+        let (heap, sec) = self.block_class(&blk);
+        let l0 = &mut BlockLinks::<0>(&mut self.blocks);
         if heap {
-            self.heap_bins.remove(&mut self.link0, b, bin);
+            self.heap_bins.remove(l0, b, bin);
         } else {
-            self.large_bins.remove(&mut self.link0, b, bin);
+            self.large_bins.remove(l0, b, bin);
+            let l1 = &mut BlockLinks::<1>(&mut self.blocks);
             match sec {
-                1 => self.suffix_bins.remove(&mut self.link1, b, bin),
-                2 => self.prefix_bins.remove(&mut self.link1, b, bin),
+                1 => self.suffix_bins.remove(l1, b, bin),
+                2 => self.prefix_bins.remove(l1, b, bin),
                 _ => {}
             }
         }
@@ -675,6 +712,8 @@ impl Pool {
             next: NIL,
             free: true,
             alloc: NIL,
+            heap: kind == PageKind::Heap,
+            links: [Link::UNLINKED; 2],
         });
         self.page_to(p, kind, b);
         b
@@ -682,6 +721,7 @@ impl Pool {
 
     /// Uses `len` granules at `at` granules into free block `b` (not in any bin) for
     /// allocation `a`; the pieces before and after stay free and go to their bins.
+    #[inline]
     fn carve(&mut self, b: u32, at: u32, len: u32, a: u32) -> u32 {
         let blk = self.blocks[b as usize];
         debug_assert!(blk.free && at + len <= blk.len);
@@ -694,6 +734,8 @@ impl Pool {
                 next: b,
                 free: true,
                 alloc: NIL,
+                heap: blk.heap,
+                links: [Link::UNLINKED; 2],
             });
             if blk.prev != NIL {
                 self.blocks[blk.prev as usize].next = f;
@@ -712,6 +754,8 @@ impl Pool {
                 next: blk.next,
                 free: true,
                 alloc: NIL,
+                heap: blk.heap,
+                links: [Link::UNLINKED; 2],
             });
             if blk.next != NIL {
                 self.blocks[blk.next as usize].prev = f;
@@ -733,11 +777,11 @@ impl Pool {
             let f = self.blocks[b as usize].next;
             self.insert_free(f);
         }
-        self.pages[blk.page as usize].used += len;
         b
     }
 
     /// Takes a whole free block (not in any bin) for allocation `a`.
+    #[inline]
     fn take_whole(&mut self, b: u32, a: u32) {
         let len = self.blocks[b as usize].len;
         self.carve(b, 0, len, a);
@@ -745,10 +789,10 @@ impl Pool {
 
     /// A used block becomes free and merges with free neighbours; a page left empty becomes
     /// a free page.
+    #[inline]
     fn release_block(&mut self, b: u32) {
         let blk = self.blocks[b as usize];
         debug_assert!(!blk.free);
-        self.pages[blk.page as usize].used -= blk.len;
         {
             let u = &mut self.blocks[b as usize];
             u.free = true;
@@ -807,11 +851,14 @@ impl Pool {
 
     /// A small request: good fit in the heap pages, else a new heap page. Relaxed (on the way
     /// to out of memory): a free block of a large page will do too.
+    #[inline]
     fn place_small(&mut self, units: u32, a: u32, relaxed: bool) -> Option<Layout> {
-        if let Some(b) = self
-            .heap_bins
-            .find_fit(&self.link0, units, SCAN, self.block_len())
-        {
+        if let Some(b) = self.heap_bins.find_fit(
+            &BlockLinksRef::<0>(&self.blocks),
+            units,
+            SCAN,
+            self.block_len(),
+        ) {
             self.remove_free(b);
             return Some(Layout::Block(self.carve(b, 0, units, a)));
         }
@@ -829,10 +876,14 @@ impl Pool {
     /// A request below a page in a free block of a large page. A block at a page's start is
     /// used from its end and any other from its start, so what is left keeps touching the
     /// page's end or start and stays usable as a head or tail.
+    #[inline]
     fn place_in_large_block(&mut self, units: u32, a: u32) -> Option<Layout> {
-        let b = self
-            .large_bins
-            .find_fit(&self.link0, units, SCAN, self.block_len())?;
+        let b = self.large_bins.find_fit(
+            &BlockLinksRef::<0>(&self.blocks),
+            units,
+            SCAN,
+            self.block_len(),
+        )?;
         self.remove_free(b);
         let blk = self.blocks[b as usize];
         let at = if blk.off == 0 { blk.len - units } else { 0 };
@@ -848,17 +899,10 @@ impl Pool {
                 return Some(l);
             }
         }
-        // Head: the largest free page end that the request can use whole.
-        let head = self
-            .suffix_bins
-            .find_at_most(
-                &self.link1,
-                units.min(u32::MAX as u64) as u32,
-                SCAN,
-                self.block_len(),
-            )
-            .filter(|&b| self.blocks[b as usize].len as u64 <= units)
-            .unwrap_or(NIL);
+        // Head: a free page end that the request can use whole, the largest near enough; among
+        // the first few candidates, one whose next page starts a long enough free run wins
+        // (the allocation is then contiguous: no window, nothing to map).
+        let head = self.pick_head(units);
         let h = if head == NIL {
             0
         } else {
@@ -870,10 +914,12 @@ impl Pool {
         // Tail: a free page start that fits it closely, else the start of a fresh page.
         let mut tail = NIL;
         if t > 0 {
-            if let Some(b) = self
-                .prefix_bins
-                .find_fit(&self.link1, t, SCAN, self.block_len())
-            {
+            if let Some(b) = self.prefix_bins.find_fit(
+                &BlockLinksRef::<1>(&self.blocks),
+                t,
+                SCAN,
+                self.block_len(),
+            ) {
                 if self.blocks[b as usize].len - t <= self.slack_units {
                     tail = b;
                 }
@@ -889,10 +935,12 @@ impl Pool {
             // below a page may also take a free block of a heap page.
             let mut ok = false;
             if fresh_tail {
-                if let Some(b) = self
-                    .prefix_bins
-                    .find_fit(&self.link1, t, SCAN, self.block_len())
-                {
+                if let Some(b) = self.prefix_bins.find_fit(
+                    &BlockLinksRef::<1>(&self.blocks),
+                    t,
+                    SCAN,
+                    self.block_len(),
+                ) {
                     tail = b;
                     need -= 1;
                     ok = self.ensure_pages(need);
@@ -901,7 +949,7 @@ impl Pool {
             if !ok {
                 if units < pg {
                     let b = self.heap_bins.find_fit(
-                        &self.link0,
+                        &BlockLinksRef::<0>(&self.blocks),
                         units as u32,
                         SCAN,
                         self.block_len(),
@@ -948,13 +996,16 @@ impl Pool {
             self.remove_free(tail);
             tail = self.carve(tail, 0, t, a);
         }
-        let st = Stitch {
+        Some(self.new_stitch(Stitch {
             head,
             runs,
             tail,
             window: NIL,
             window_len: 0,
-        };
+        }))
+    }
+
+    fn new_stitch(&mut self, st: Stitch) -> Layout {
         let i = match self.vacant_stitches.pop() {
             Some(i) => {
                 self.stitches[i as usize] = st;
@@ -965,7 +1016,37 @@ impl Pool {
                 (self.stitches.len() - 1) as u32
             }
         };
-        Some(Layout::Stitched(i))
+        Layout::Stitched(i)
+    }
+
+    /// See `place_large`. Looks at most at `SCAN` candidates.
+    fn pick_head(&self, units: u64) -> u32 {
+        let pg = self.pg as u64;
+        let n = units.min(u32::MAX as u64) as u32;
+        let links = BlockLinksRef::<1>(&self.blocks);
+        let Some(first) = self
+            .suffix_bins
+            .find_at_most(&links, n, SCAN, self.block_len())
+            .filter(|&b| self.blocks[b as usize].len <= n)
+        else {
+            return NIL;
+        };
+        let contiguous = |b: u32| {
+            let blk = &self.blocks[b as usize];
+            let rest = units - blk.len as u64;
+            let need = rest.div_ceil(pg) as u32;
+            need == 0 || self.free_pages.run_at(blk.page + 1) >= need
+        };
+        if contiguous(first) {
+            return first;
+        }
+        let bin = bin_of(self.blocks[first as usize].len);
+        let found = self
+            .suffix_bins
+            .iter(&links, bin)
+            .take(SCAN)
+            .find(|&b| self.blocks[b as usize].len <= n && contiguous(b));
+        found.unwrap_or(first)
     }
 
     /// The pages of a stitched layout in mapping order, as physically consecutive segments.
@@ -1037,6 +1118,7 @@ impl Pool {
     }
 
     /// Returns a layout's memory: blocks, pages and window.
+    #[inline]
     fn unplace(&mut self, layout: Layout) {
         match layout {
             Layout::None => {}
@@ -1067,6 +1149,7 @@ impl Pool {
     // --------------------------------------------------------------------------------------
     // Allocation slots
 
+    #[inline]
     fn new_slot(&mut self) -> u32 {
         if let Some(i) = self.vacant_allocs.pop() {
             i
@@ -1115,6 +1198,7 @@ impl Pool {
     }
 
     /// The slot of a handle naming a live allocation.
+    #[inline]
     fn resolve(&self, id: AllocId) -> Result<u32> {
         match self.allocs.get(id.index as usize) {
             Some(x) if x.generation == id.generation && x.state == State::Live => Ok(id.index),
@@ -1136,6 +1220,7 @@ impl Pool {
         }
     }
 
+    #[inline]
     fn validate_size(&self, size: u64) -> Result<u64> {
         if size == 0 {
             return Err(invalid_size(
@@ -1212,7 +1297,9 @@ impl Pool {
         x.pins = 0;
         x.scope = req.scope;
         x.layout = layout;
-        self.by_ptr.insert(ptr, a);
+        if let Some(m) = &mut self.by_ptr {
+            m.insert(ptr, a);
+        }
         self.count_alloc(req.size, units);
         if req.scope != 0 {
             let g = self.allocs[a as usize].generation;
@@ -1231,6 +1318,7 @@ impl Pool {
         }
     }
 
+    #[inline]
     fn count_alloc(&mut self, size: u64, units: u64) {
         let c = &mut self.counters;
         c.allocs += 1;
@@ -1243,6 +1331,7 @@ impl Pool {
     /// Same-stream reuse: memory freed on `req.stream` and still waiting for its fence may
     /// serve a request of the same rounded size on that stream at once (work on one stream
     /// runs in order).
+    #[inline]
     fn reuse(&mut self, req: Request, units: u64) -> Option<(AllocId, u64)> {
         if self.streams.is_empty() {
             return None;
@@ -1287,6 +1376,7 @@ impl Pool {
         Ok(())
     }
 
+    #[inline]
     fn check_unpinned(&self, a: u32) -> Result<()> {
         let x = &self.allocs[a as usize];
         if x.pins > 0 {
@@ -1300,6 +1390,7 @@ impl Pool {
     }
 
     /// The memory of slot `a` (live or freeing) goes back; the slot becomes vacant.
+    #[inline]
     fn finish_free(&mut self, a: u32) {
         let x = &mut self.allocs[a as usize];
         let (ptr, units, freeing) = (x.ptr, x.units, x.state == State::Freeing);
@@ -1311,7 +1402,9 @@ impl Pool {
             debug_assert!(r.is_ok(), "scrub failed: {r:?}");
         }
         self.unplace(layout);
-        self.by_ptr.remove(&ptr);
+        if let Some(m) = &mut self.by_ptr {
+            m.remove(ptr);
+        }
         self.vacant_allocs.push(a);
         self.counters.used_bytes -= units * GRANULE;
         if freeing {
@@ -1327,13 +1420,27 @@ impl Pool {
     }
 
     /// The handle of the live allocation at `ptr` (interior and foreign pointers refused).
-    pub fn id_of(&self, ptr: u64) -> Result<AllocId> {
+    pub fn id_of(&mut self, ptr: u64) -> Result<AllocId> {
         self.slot_of_ptr(ptr).map(|a| self.id(a))
     }
 
-    fn slot_of_ptr(&self, ptr: u64) -> Result<u32> {
+    /// The pointer index, built now if this is the first lookup by pointer.
+    fn ptr_index(&mut self) -> &PtrMap {
+        let allocs = &self.allocs;
+        self.by_ptr.get_or_insert_with(|| {
+            let mut m = PtrMap::default();
+            for (a, x) in allocs.iter().enumerate() {
+                if x.state != State::Vacant {
+                    m.insert(x.ptr, a as u32);
+                }
+            }
+            m
+        })
+    }
+
+    fn slot_of_ptr(&mut self, ptr: u64) -> Result<u32> {
         self.open()?;
-        if let Some(&a) = self.by_ptr.get(&ptr) {
+        if let Some(a) = self.ptr_index().get(ptr) {
             return match self.allocs[a as usize].state {
                 State::Freeing => Err(Error::InvalidFree(format!(
                     "{ptr:#x} was already freed on stream {}",
@@ -1450,6 +1557,7 @@ impl Pool {
         for &s in sizes {
             self.validate_size(s)?;
         }
+        self.ptr_index(); // the caller will free by pointer
         let start = out.len();
         let saved = self.counters.clone();
         let free_pages_before = self.free_pages.free_units();
@@ -1637,7 +1745,7 @@ impl Pool {
         let mut report = DefragReport::default();
         let mut heap: Vec<(u32, u32)> = (0..self.pages.len() as u32)
             .filter(|&p| self.pages[p as usize].kind == PageKind::Heap)
-            .map(|p| (self.pages[p as usize].used, p))
+            .map(|p| (self.page_used(p), p))
             .filter(|&(used, _)| used <= self.pg / 2)
             .collect();
         heap.sort_unstable();
@@ -1666,10 +1774,12 @@ impl Pool {
             self.evacuating = p;
             for b in used {
                 let len = self.blocks[b as usize].len;
-                let Some(nb) = self
-                    .heap_bins
-                    .find_fit(&self.link0, len, SCAN, self.block_len())
-                else {
+                let Some(nb) = self.heap_bins.find_fit(
+                    &BlockLinksRef::<0>(&self.blocks),
+                    len,
+                    SCAN,
+                    self.block_len(),
+                ) else {
                     break;
                 };
                 self.remove_free(nb);
@@ -1683,8 +1793,10 @@ impl Pool {
                 let x = &mut self.allocs[a as usize];
                 x.ptr = new;
                 x.layout = Layout::Block(nb);
-                self.by_ptr.remove(&old);
-                self.by_ptr.insert(new, a);
+                if let Some(m) = &mut self.by_ptr {
+                    m.remove(old);
+                    m.insert(new, a);
+                }
                 report.moved_allocs += 1;
                 report.moved_bytes += len as u64 * GRANULE;
                 report.moves.push((self.id(a), old, new));
@@ -1705,6 +1817,15 @@ impl Pool {
             }
         }
         report
+    }
+
+    /// Granules in used blocks of a heap or large page (a walk: for defrag and statistics).
+    fn page_used(&self, p: u32) -> u32 {
+        self.page_blocks(p)
+            .map(|b| &self.blocks[b as usize])
+            .filter(|b| !b.free)
+            .map(|b| b.len)
+            .sum()
     }
 
     fn page_blocks(&self, p: u32) -> impl Iterator<Item = u32> + '_ {

@@ -2,19 +2,50 @@
 //! device) and its stitching window (units are pages of virtual address space).
 //!
 //! Free runs are kept maximal: two free runs never touch. Boundary tags give O(1) merging:
-//! `start_len[i]` is the length of the free run that starts at `i` (0 if none does), and
-//! `end_start[i]` is the start of the free run that ends at `i` (NIL if none does). Runs sit
-//! in [`Bins`] by length, linked through `links[start]`.
+//! `start_len` of unit `i` is the length of the free run that starts at `i` (0 if none does),
+//! and `end_start` is the start of the free run that ends at `i` (NIL if none does). Runs sit
+//! in [`Bins`] by length, linked through the unit at their start. The tags and links of a unit
+//! share one 16-byte record, so touching a run touches one cache line at each end.
 
 #![deny(unsafe_code)]
 
-use super::bins::{bin_of, Bins, Link, NIL};
+use super::bins::{bin_of, Bins, Link, LinkRead, LinkWrite, NIL};
+
+#[derive(Copy, Clone, Debug)]
+#[repr(align(16))]
+struct Unit {
+    start_len: u32,
+    end_start: u32,
+    link: Link,
+}
+
+struct Units<'a>(&'a mut [Unit]);
+struct UnitsRef<'a>(&'a [Unit]);
+
+impl LinkRead for Units<'_> {
+    #[inline]
+    fn link(&self, i: u32) -> Link {
+        self.0[i as usize].link
+    }
+}
+
+impl LinkWrite for Units<'_> {
+    #[inline]
+    fn link_mut(&mut self, i: u32) -> &mut Link {
+        &mut self.0[i as usize].link
+    }
+}
+
+impl LinkRead for UnitsRef<'_> {
+    #[inline]
+    fn link(&self, i: u32) -> Link {
+        self.0[i as usize].link
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct Runs {
-    start_len: Vec<u32>,
-    end_start: Vec<u32>,
-    links: Vec<Link>,
+    units: Vec<Unit>,
     bins: Bins,
     free_units: u64,
 }
@@ -22,18 +53,22 @@ pub struct Runs {
 impl Runs {
     /// An index space of `units` units, none of them free.
     pub fn new(units: u32) -> Self {
-        let n = units as usize;
         Runs {
-            start_len: vec![0; n],
-            end_start: vec![NIL; n],
-            links: vec![Link::UNLINKED; n],
+            units: vec![
+                Unit {
+                    start_len: 0,
+                    end_start: NIL,
+                    link: Link::UNLINKED,
+                };
+                units as usize
+            ],
             bins: Bins::default(),
             free_units: 0,
         }
     }
 
     pub fn capacity(&self) -> u32 {
-        self.start_len.len() as u32
+        self.units.len() as u32
     }
 
     pub fn free_units(&self) -> u64 {
@@ -44,17 +79,26 @@ impl Runs {
         self.bins.len()
     }
 
-    fn link(&mut self, start: u32, len: u32) {
-        self.start_len[start as usize] = len;
-        self.end_start[(start + len - 1) as usize] = start;
-        self.bins.push(&mut self.links, start, bin_of(len));
+    #[inline]
+    fn len_at(&self, start: u32) -> u32 {
+        self.units[start as usize].start_len
     }
 
+    #[inline]
+    fn link(&mut self, start: u32, len: u32) {
+        self.units[start as usize].start_len = len;
+        self.units[(start + len - 1) as usize].end_start = start;
+        self.bins
+            .push(&mut Units(&mut self.units), start, bin_of(len));
+    }
+
+    #[inline]
     fn unlink(&mut self, start: u32) -> u32 {
-        let len = self.start_len[start as usize];
-        self.bins.remove(&mut self.links, start, bin_of(len));
-        self.start_len[start as usize] = 0;
-        self.end_start[(start + len - 1) as usize] = NIL;
+        let len = self.len_at(start);
+        self.bins
+            .remove(&mut Units(&mut self.units), start, bin_of(len));
+        self.units[start as usize].start_len = 0;
+        self.units[(start + len - 1) as usize].end_start = NIL;
         len
     }
 
@@ -64,7 +108,7 @@ impl Runs {
         debug_assert!(len > 0 && start as u64 + len as u64 <= self.capacity() as u64);
         let (mut s, mut l) = (start, len);
         if s > 0 {
-            let left = self.end_start[(s - 1) as usize];
+            let left = self.units[(s - 1) as usize].end_start;
             if left != NIL {
                 let ll = self.unlink(left);
                 s = left;
@@ -72,7 +116,7 @@ impl Runs {
             }
         }
         let right = start + len;
-        if right < self.capacity() && self.start_len[right as usize] != 0 {
+        if right < self.capacity() && self.len_at(right) != 0 {
             l += self.unlink(right);
         }
         self.link(s, l);
@@ -84,7 +128,7 @@ impl Runs {
     pub fn alloc(&mut self, n: u32) -> Option<u32> {
         let start = self
             .bins
-            .find_fit(&self.links, n, 4, |i| self.start_len[i as usize])?;
+            .find_fit(&UnitsRef(&self.units), n, 4, |i| self.len_at(i))?;
         self.take_front(start, n);
         Some(start)
     }
@@ -99,9 +143,19 @@ impl Runs {
         self.free_units -= n as u64;
     }
 
+    /// The length of the free run starting at `start` (0 if none starts there).
+    #[inline]
+    pub fn run_at(&self, start: u32) -> u32 {
+        if start < self.capacity() {
+            self.len_at(start)
+        } else {
+            0
+        }
+    }
+
     /// Takes `n` units starting exactly at `start` if a free run starts there and holds them.
     pub fn alloc_at(&mut self, start: u32, n: u32) -> bool {
-        if (start as usize) < self.start_len.len() && self.start_len[start as usize] >= n {
+        if start < self.capacity() && self.len_at(start) >= n {
             self.take_front(start, n);
             true
         } else {
@@ -126,7 +180,7 @@ impl Runs {
                 .last_at_or_below(super::bins::NUM_BINS - 1)
                 .expect("free_units counts the runs");
             let start = self.bins.head(b);
-            let take = self.start_len[start as usize].min(left);
+            let take = self.len_at(start).min(left);
             self.take_front(start, take);
             out.extend([(start, take)]);
             left -= take;
@@ -140,8 +194,8 @@ impl Runs {
             .last_at_or_below(super::bins::NUM_BINS - 1)
             .map(|b| {
                 self.bins
-                    .iter(&self.links, b)
-                    .map(|s| self.start_len[s as usize])
+                    .iter(&UnitsRef(&self.units), b)
+                    .map(|s| self.len_at(s))
                     .max()
                     .unwrap_or(0)
             })
@@ -150,9 +204,10 @@ impl Runs {
 
     /// Every free run as (start, len), lowest start first.
     pub fn runs(&self) -> Vec<(u32, u32)> {
+        let units = UnitsRef(&self.units);
         let mut v: Vec<(u32, u32)> = (0..super::bins::NUM_BINS)
-            .flat_map(|b| self.bins.iter(&self.links, b))
-            .map(|s| (s, self.start_len[s as usize]))
+            .flat_map(|b| self.bins.iter(&units, b))
+            .map(|s| (s, self.len_at(s)))
             .collect();
         v.sort_unstable();
         v
@@ -192,14 +247,14 @@ impl Runs {
             if prev_end.is_some_and(|e| e > s) {
                 return Err(format!("free runs overlap at {s}"));
             }
-            if self.end_start[(s + l - 1) as usize] != s {
+            if self.units[(s + l - 1) as usize].end_start != s {
                 return Err(format!("end tag of run {s}+{l} is wrong"));
             }
             prev_end = Some(s + l);
             total += l as u64;
         }
-        let starts = self.start_len.iter().filter(|&&l| l != 0).count();
-        let ends = self.end_start.iter().filter(|&&s| s != NIL).count();
+        let starts = self.units.iter().filter(|u| u.start_len != 0).count();
+        let ends = self.units.iter().filter(|u| u.end_start != NIL).count();
         if starts != runs.len() || ends != runs.len() {
             return Err(format!(
                 "{starts} start tags and {ends} end tags for {} runs",
@@ -213,8 +268,8 @@ impl Runs {
             ));
         }
         for b in 0..super::bins::NUM_BINS {
-            for s in self.bins.iter(&self.links, b) {
-                if bin_of(self.start_len[s as usize]) != b {
+            for s in self.bins.iter(&UnitsRef(&self.units), b) {
+                if bin_of(self.len_at(s)) != b {
                     return Err(format!("run at {s} in the wrong bin"));
                 }
             }

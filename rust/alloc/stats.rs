@@ -165,17 +165,17 @@ impl Pool {
             ..PoolStats::default()
         };
         s.pages_free = self.free_pages.free_units();
-        for page in &self.pages {
+        for (p, page) in self.pages.iter().enumerate() {
             match page.kind {
                 PageKind::Absent => {}
                 PageKind::Owned => s.pages_full += 1,
                 PageKind::Heap => {
                     s.pages_heap += 1;
-                    s.heap_free_bytes += (self.pg - page.used) as u64 * GRANULE;
+                    s.heap_free_bytes += (self.pg - self.page_used(p as u32)) as u64 * GRANULE;
                 }
                 PageKind::Large => {
                     s.pages_large += 1;
-                    s.large_free_bytes += (self.pg - page.used) as u64 * GRANULE;
+                    s.large_free_bytes += (self.pg - self.page_used(p as u32)) as u64 * GRANULE;
                 }
             }
         }
@@ -277,11 +277,16 @@ impl Pool {
             }
             match page.kind {
                 PageKind::Heap | PageKind::Large => {
-                    let (mut off, mut used, mut prev, mut prev_free) = (0u32, 0u32, NIL, false);
+                    let (mut off, mut prev, mut prev_free) = (0u32, NIL, false);
                     for b in self.page_blocks(p) {
                         block_seen += 1;
                         let blk = &self.blocks[b as usize];
-                        if blk.page != p || blk.off != off || blk.prev != prev || blk.len == 0 {
+                        if blk.page != p
+                            || blk.off != off
+                            || blk.prev != prev
+                            || blk.len == 0
+                            || blk.heap != (page.kind == PageKind::Heap)
+                        {
                             return Err(format!(
                                 "block {b} of page {p} misplaced: {blk:?} at {off}"
                             ));
@@ -304,7 +309,6 @@ impl Pool {
                                 }
                             }
                         } else {
-                            used += blk.len;
                             let x = &self.allocs[blk.alloc as usize];
                             let owns = match &x.layout {
                                 Layout::Block(ob) => *ob == b,
@@ -328,12 +332,6 @@ impl Pool {
                             self.pg
                         ));
                     }
-                    if used != page.used {
-                        return Err(format!(
-                            "page {p} counts {} used, blocks say {used}",
-                            page.used
-                        ));
-                    }
                 }
                 PageKind::Owned | PageKind::Absent => {}
             }
@@ -347,7 +345,7 @@ impl Pool {
             ));
         }
         let binned = |bins: &Bins,
-                      links: &[Link],
+                      links: &dyn LinkRead,
                       want_heap: Option<bool>|
          -> std::result::Result<(), String> {
             for b in 0..NUM_BINS {
@@ -364,10 +362,14 @@ impl Pool {
             }
             Ok(())
         };
-        binned(&self.heap_bins, &self.link0, Some(true))?;
-        binned(&self.large_bins, &self.link0, Some(false))?;
-        binned(&self.suffix_bins, &self.link1, Some(false))?;
-        binned(&self.prefix_bins, &self.link1, Some(false))?;
+        let (l0, l1) = (
+            BlockLinksRef::<0>(&self.blocks),
+            BlockLinksRef::<1>(&self.blocks),
+        );
+        binned(&self.heap_bins, &l0, Some(true))?;
+        binned(&self.large_bins, &l0, Some(false))?;
+        binned(&self.suffix_bins, &l1, Some(false))?;
+        binned(&self.prefix_bins, &l1, Some(false))?;
         let evac = if self.evacuating == NIL { 0 } else { 1 };
         if self.heap_bins.len() != nheap && evac == 0
             || self.large_bins.len() != nlarge
@@ -395,7 +397,11 @@ impl Pool {
                 continue;
             }
             n += 1;
-            if self.by_ptr.get(&x.ptr) != Some(&(a as u32)) {
+            if self
+                .by_ptr
+                .as_ref()
+                .is_some_and(|m| m.get(x.ptr) != Some(a as u32))
+            {
                 return Err(format!(
                     "allocation {a} at {:#x} not found by pointer",
                     x.ptr
@@ -434,11 +440,10 @@ impl Pool {
                 ));
             }
         }
-        if n != self.by_ptr.len() {
-            return Err(format!(
-                "{} pointers mapped for {n} allocations",
-                self.by_ptr.len()
-            ));
+        if let Some(m) = &self.by_ptr {
+            if n != m.len() || m.iter().count() != n {
+                return Err(format!("{} pointers mapped for {n} allocations", m.len()));
+            }
         }
         let window_used = self.window.capacity() as u64 - self.window.free_units();
         if mapped != window_used {

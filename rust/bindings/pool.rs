@@ -122,6 +122,9 @@ impl PyBackend {
 
 type SharedPool = Arc<Mutex<Pool>>;
 
+/// (allocations made, freed by the scope, [(ptr, size)] of those freed)
+type ScopeResult = (u64, u64, Vec<(u64, u64)>);
+
 /// The core of `gpumm.MemoryPool`: an allocator over the pages of one device.
 #[pyclass(module = "gpumm._core", name = "Pool", subclass, frozen)]
 pub struct PyPool {
@@ -527,7 +530,7 @@ impl PyPool {
 
     /// Closes a scope: frees what it made that is still live; returns (allocations made,
     /// freed, [(ptr, size)] of those freed).
-    fn _exit_scope(&self, py: Python<'_>, scope: u32) -> PyResult<(u64, u64, Vec<(u64, u64)>)> {
+    fn _exit_scope(&self, py: Python<'_>, scope: u32) -> PyResult<ScopeResult> {
         SCOPES.with(|v| {
             let mut v = v.borrow_mut();
             if let Some(i) = v.iter().rposition(|&x| x == (self.id, scope)) {
