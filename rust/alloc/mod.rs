@@ -365,6 +365,10 @@ pub struct Pool {
     counters: Counters,
     latency: Histogram,
     closed: bool,
+    /// Set by `try_alloc_quick`: the request must not grow the pool or defragment; when it
+    /// would, `quick_miss` is set and nothing changes.
+    quick: bool,
+    quick_miss: bool,
 }
 
 fn invalid_size(msg: String) -> Error {
@@ -464,6 +468,8 @@ impl Pool {
             counters: Counters::default(),
             latency: Histogram::default(),
             closed: false,
+            quick: false,
+            quick_miss: false,
             cfg,
             dev,
         };
@@ -522,6 +528,10 @@ impl Pool {
     /// Takes `n` pages from the device into the free pages: all of them, or none at the
     /// pool's maximum or when the device has fewer (the PMM's batch is all or nothing).
     fn grow(&mut self, n: u32) -> bool {
+        if self.quick {
+            self.quick_miss = true;
+            return false;
+        }
         let ps = self.cfg.page_size;
         if self.counters.reserved_bytes + n as u64 * ps > self.max_size() {
             return false;
@@ -1263,6 +1273,11 @@ impl Pool {
         let a = self.new_slot();
         let layout = match self.place(units, a, false) {
             Some(l) => l,
+            None if self.quick => {
+                self.quick_miss = true;
+                self.vacant_allocs.push(a);
+                return Err(Error::OutOfMemory(String::new()));
+            }
             None => {
                 // The way to out of memory: compact what may move, then use anything.
                 if self.has_movable() {
@@ -1308,6 +1323,27 @@ impl Pool {
             }
         }
         Ok((self.id(a), ptr))
+    }
+
+    /// `alloc` when it is quick: served from the pages the pool holds, without growing it or
+    /// compacting. `None` when it is not (nothing changed; call `alloc`). The bindings run
+    /// this under the GIL, since releasing and taking back the GIL costs more than the call.
+    pub fn try_alloc_quick(&mut self, req: Request) -> Option<Result<(AllocId, u64)>> {
+        self.quick = true;
+        self.quick_miss = false;
+        let calls = self.counters.calls;
+        let r = self.alloc(req);
+        self.quick = false;
+        if self.quick_miss {
+            self.counters.calls = calls;
+            return None;
+        }
+        Some(r)
+    }
+
+    /// Whether a free is quick (no scrub, no pages to give back): see `try_alloc_quick`.
+    pub fn frees_are_quick(&self) -> bool {
+        !self.cfg.scrub && self.cfg.release_threshold.is_none()
     }
 
     fn place(&mut self, units: u64, a: u32, relaxed: bool) -> Option<Layout> {

@@ -299,21 +299,30 @@ impl PyPool {
             movable,
             scope: current_scope(self.id),
         };
+        let made = |id, ptr| PyAllocation {
+            pool: self.inner.clone(),
+            pool_id: self.id,
+            has_bytes: self.has_bytes,
+            id,
+            ptr: AtomicU64::new(ptr),
+            size,
+            stream,
+            movable,
+        };
+        // Quick path under the GIL: an uncontended lock and a request the held pages serve.
+        let quick = self
+            .inner
+            .try_lock()
+            .and_then(|mut p| p.try_alloc_quick(req));
+        match quick {
+            Some(Ok((id, ptr))) => return Ok(made(id, ptr)),
+            Some(Err(e)) => return Err(to_pyerr(py, e)),
+            None => {}
+        }
         let mut tries = 0;
         loop {
             match self.with(py, |p| p.alloc(req)) {
-                Ok((id, ptr)) => {
-                    return Ok(PyAllocation {
-                        pool: self.inner.clone(),
-                        pool_id: self.id,
-                        has_bytes: self.has_bytes,
-                        id,
-                        ptr: AtomicU64::new(ptr),
-                        size,
-                        stream,
-                        movable,
-                    })
-                }
+                Ok((id, ptr)) => return Ok(made(id, ptr)),
                 Err(e @ Error::OutOfMemory(_)) => {
                     let retry = match &self.on_failure {
                         Some(cb) if tries < 100 => cb.call1(py, (size,))?.is_truthy(py)?,
@@ -342,7 +351,7 @@ impl PyPool {
     ) -> PyResult<Option<u64>> {
         let target = self.target(py, allocation)?;
         let stream = stream.map(stream_arg).transpose()?;
-        let r = self.with(py, |p| {
+        let op = |p: &mut Pool| {
             let id = match target {
                 Target::Id(id) => id,
                 Target::Ptr(ptr) => p.id_of(ptr)?,
@@ -351,8 +360,8 @@ impl PyPool {
                 None => p.free(id).map(|_| None),
                 Some(s) => p.free_async(id, s).map(Some),
             }
-        });
-        r.py_err(py)
+        };
+        quick_or_detached(py, &self.inner, op).py_err(py)
     }
 
     /// Allocates every size of `sizes` (a buffer of int64/uint64, e.g. a numpy array) in one
@@ -556,6 +565,21 @@ impl PyPool {
     }
 }
 
+/// Runs a free under the GIL when the pool lock is free and frees are quick (no scrub, no
+/// pages to give back), else with the GIL released.
+fn quick_or_detached<T: Send>(
+    py: Python<'_>,
+    pool: &SharedPool,
+    op: impl FnOnce(&mut Pool) -> T + Send,
+) -> T {
+    if let Some(mut p) = pool.try_lock() {
+        if p.frees_are_quick() {
+            return op(&mut p);
+        }
+    }
+    py.detach(|| op(&mut pool.lock()))
+}
+
 fn as_bytes(v: &[u64]) -> &[u8] {
     // SAFETY: u64 has no padding and every byte pattern is a valid u8.
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
@@ -666,11 +690,11 @@ impl PyAllocation {
     #[pyo3(signature = (stream = None))]
     fn free(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
         let stream = stream.map(stream_arg).transpose()?;
-        self.with(py, |p| match stream {
+        let op = |p: &mut Pool| match stream {
             None => p.free(self.id).map(|_| None),
             Some(s) => p.free_async(self.id, s).map(Some),
-        })
-        .py_err(py)
+        };
+        quick_or_detached(py, &self.pool, op).py_err(py)
     }
 
     /// Writes zeros over the allocation (a no-op on a simulated device).
