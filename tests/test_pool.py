@@ -35,6 +35,7 @@ def test_stitching_makes_fragmented_memory_usable():
     s = pool.stats()
     assert (s["free_bytes"], s["largest_free_run"]) == (10 * MiB, 2 * MiB)
     assert s["fragmentation"] == pytest.approx(0.8)
+    assert s["largest_request"] == 10 * MiB
     big = pool.alloc(10 * MiB)  # five scattered pages, mapped back to back
     assert pool.stats()["stitched"] == 1
     assert pool.snapshot()["allocations"][-1]["stitched"] in (True, False)
@@ -51,6 +52,7 @@ def test_out_of_memory_message(device):
         pool.alloc(4 * MiB)
     msg = str(e.value)
     for word in ("cannot allocate 4 MiB", "live 5 MiB", "reserved 6 MiB", "largest free run",
+                 "largest request it can serve 1 MiB",
                  "fragmentation", "limit 8 MiB", "device: 58 MiB free"):
         assert word in msg
     assert isinstance(e.value, MemoryError)

@@ -41,9 +41,6 @@ __all__ = [
     "sysmem_device",
 ]
 
-DEFAULT_PAGE_SIZE = 2 * MiB
-
-
 class Device:
     """A device gpumm allocates from.
 
@@ -90,7 +87,7 @@ class Device:
 
     def pool(self, page_size: Optional[SizeLike] = None) -> "MemoryPool":
         """The device's default pool for ``page_size`` (made on first use)."""
-        ps = parse_size(page_size) if page_size is not None else DEFAULT_PAGE_SIZE
+        ps = parse_size(page_size) if page_size is not None else self.backend.default_page_size
         with self._lock:
             p = self._pools.get(ps)
             if p is None or p.closed:
@@ -140,9 +137,11 @@ class MemoryPool(_core.Pool):
         device: a :class:`Device`, a preset name, or None for a simulated H100.
         size: bytes reserved up front (0: nothing until the first request).
         max_size: the most the pool may reserve (None: the device's capacity).
-        page_size: the mapping unit, a USER chunk size of the architecture and a multiple of
-            the backend's granularity (default 2 MiB).
-        small_threshold: requests below it are sub-allocated in heap pages (default 1 MiB).
+        page_size: the unit the pool takes from the device and stitches with: a USER chunk
+            size of the architecture and a multiple of the backend's granularity (default: the
+            backend's, 2 MiB simulated like CUDA's VMM, 64 KiB on host memory).
+        small_threshold: requests below it are sub-allocated in heap pages (default 1 MiB,
+            at most half a page).
         release_threshold: free pages above this many bytes go back to the device at once
             (default: kept until ``trim``, ``defrag`` or ``close``).
         tail_slack: a stitched allocation's last partial page may take a free page start at
@@ -176,7 +175,7 @@ class MemoryPool(_core.Pool):
             cls,
             device.pmm,
             device.backend,
-            page_size=page_size if page_size is not None else DEFAULT_PAGE_SIZE,
+            page_size=page_size if page_size is not None else device.backend.default_page_size,
             initial_size=size,
             max_size=max_size,
             small_threshold=small_threshold,

@@ -1777,18 +1777,20 @@ impl Pool {
         Ok(report)
     }
 
+    /// Heap pages sorted fullest first; the emptiest are emptied into the fullest (first
+    /// fit, walking the destination pages: defrag is on demand, so a walk is fine). A page is
+    /// a source only if every allocation in it may move, and never both source and target.
     fn defrag_inner(&mut self) -> DefragReport {
         let mut report = DefragReport::default();
-        let mut heap: Vec<(u32, u32)> = (0..self.pages.len() as u32)
+        let mut order: Vec<(u32, u32)> = (0..self.pages.len() as u32)
             .filter(|&p| self.pages[p as usize].kind == PageKind::Heap)
             .map(|p| (self.page_used(p), p))
-            .filter(|&(used, _)| used <= self.pg / 2)
             .collect();
-        heap.sort_unstable();
-        for (_, p) in heap {
-            if self.pages[p as usize].kind != PageKind::Heap {
-                continue;
-            }
+        order.sort_unstable_by(|a, b| b.cmp(a));
+        let mut src = order.len();
+        while src > 1 {
+            src -= 1;
+            let p = order[src].1;
             let used: Vec<u32> = self
                 .page_blocks(p)
                 .filter(|&b| !self.blocks[b as usize].free)
@@ -1797,7 +1799,15 @@ impl Pool {
                 let x = &self.allocs[self.blocks[b as usize].alloc as usize];
                 x.state == State::Live && x.movable && x.pins == 0
             });
-            if !movable {
+            let room: u64 = order[..src]
+                .iter()
+                .map(|&(_, q)| (self.pg - self.page_used(q)) as u64)
+                .sum();
+            let need: u64 = used
+                .iter()
+                .map(|&b| self.blocks[b as usize].len as u64)
+                .sum();
+            if !movable || room < need {
                 continue;
             }
             let free: Vec<u32> = self
@@ -1810,14 +1820,12 @@ impl Pool {
             self.evacuating = p;
             for b in used {
                 let len = self.blocks[b as usize].len;
-                let Some(nb) = self.heap_bins.find_fit(
-                    &BlockLinksRef::<0>(&self.blocks),
-                    len,
-                    SCAN,
-                    self.block_len(),
-                ) else {
-                    break;
-                };
+                let target = order[..src].iter().find_map(|&(_, q)| {
+                    self.page_blocks(q).find(|&fb| {
+                        self.blocks[fb as usize].free && self.blocks[fb as usize].len >= len
+                    })
+                });
+                let Some(nb) = target else { break };
                 self.remove_free(nb);
                 let a = self.blocks[b as usize].alloc;
                 let nb = self.carve(nb, 0, len, a);
@@ -1923,7 +1931,8 @@ impl Pool {
         };
         Error::OutOfMemory(format!(
             "out of memory: cannot allocate {} ({} rounded); pool: live {}, reserved {}, free {} \
-             (largest free run {}, fragmentation {:.1} %), limit {}; device: {} free",
+             (largest free run {}, fragmentation {:.1} %, largest request it can serve {}), \
+             limit {}; device: {} free",
             format_size(size),
             format_size(size.div_ceil(GRANULE) * GRANULE),
             format_size(s.live_bytes),
@@ -1931,6 +1940,7 @@ impl Pool {
             format_size(s.free_bytes),
             format_size(s.largest_free_run),
             s.fragmentation * 100.0,
+            format_size(s.largest_request),
             format_size(self.max_size()),
             format_size(device_free),
         ))

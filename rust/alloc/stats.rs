@@ -90,6 +90,11 @@ pub struct PoolStats {
     pub largest_free_run: u64,
     /// `1 - largest_free_run / free_bytes` (0 when nothing is free).
     pub fragmentation: f64,
+    /// The largest request the pool can serve from the pages it holds, without growing:
+    /// every free page stitched, plus the largest free page end and start as head and tail
+    /// (or the largest free block, if larger). Free space inside partly used pages beyond
+    /// that is what a smaller page size (or `defrag`) would recover.
+    pub largest_request: u64,
     pub allocs: u64,
     pub frees: u64,
     pub failures: u64,
@@ -187,8 +192,16 @@ impl Pool {
             .into_iter()
             .map(|(p, n)| ((p as u64) * ps, n as u64 * ps))
             .collect();
+        let (mut head, mut tail, mut block) = (0u64, 0u64, 0u64);
         for blk in &self.blocks {
             if blk.page != NIL && blk.free {
+                let len = blk.len as u64 * GRANULE;
+                block = block.max(len);
+                if !blk.heap && blk.off + blk.len == self.pg {
+                    head = head.max(len);
+                } else if !blk.heap && blk.off == 0 {
+                    tail = tail.max(len);
+                }
                 free.push((
                     blk.page as u64 * ps + blk.off as u64 * GRANULE,
                     blk.len as u64 * GRANULE,
@@ -207,6 +220,7 @@ impl Pool {
             best = best.max(cur_len);
         }
         s.largest_free_run = best;
+        s.largest_request = (s.pages_free * ps + head + tail).max(block).max(best);
         s.fragmentation = if s.free_bytes == 0 {
             0.0
         } else {

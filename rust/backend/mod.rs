@@ -27,6 +27,11 @@ pub trait Backend: Send + Sync {
     fn capacity(&self) -> u64;
     /// The smallest unit that can be mapped.
     fn granularity(&self) -> u64;
+    /// The page size a pool uses when not told: the unit it stitches with. Smaller pages let
+    /// more of a fragmented pool serve one large request, at more metadata per byte.
+    fn default_page_size(&self) -> u64 {
+        self.granularity()
+    }
     /// Whether allocations have bytes a program can read and write.
     fn has_bytes(&self) -> bool;
     /// The virtual address of physical offset 0 in the direct map (every physical page is

@@ -107,6 +107,10 @@ impl PyBackend {
     fn has_bytes(&self) -> bool {
         self.inner.has_bytes()
     }
+    #[getter]
+    fn default_page_size(&self) -> u64 {
+        self.inner.default_page_size()
+    }
 
     fn __repr__(&self) -> String {
         format!(
@@ -447,6 +451,7 @@ impl PyPool {
             peak_reserved,
             largest_free_run,
             fragmentation,
+            largest_request,
             allocs,
             frees,
             failures,
