@@ -272,7 +272,7 @@ struct Stitch {
     /// A free block that ended at its page's end (NIL: none).
     head: u32,
     /// Whole pages, in mapping order.
-    runs: SmallVec<[(u32, u32); 2]>,
+    runs: SmallVec<[(u32, u32); 4]>,
     /// A block that starts at its page's start (NIL: none).
     tail: u32,
     /// Pages of the stitching window (NIL: addressed through the direct map).
@@ -667,48 +667,47 @@ impl Pool {
         (blk.heap, sec)
     }
 
+    /// A free block goes into (`insert`) or out of the bins its page kind and position say.
+    /// Blocks of a page being emptied by `defrag` stay out.
     #[inline]
-    fn insert_free(&mut self, b: u32) {
+    fn rebin(&mut self, b: u32, insert: bool) {
         let blk = self.blocks[b as usize];
         if blk.page == self.evacuating {
             return;
         }
         let bin = bin_of(blk.len);
         let (heap, sec) = self.block_class(&blk);
-        let l0 = &mut BlockLinks::<0>(&mut self.blocks);
-        if heap {
-            self.heap_bins.push(l0, b, bin);
+        let primary = if heap {
+            &mut self.heap_bins
         } else {
-            self.large_bins.push(l0, b, bin);
-            let l1 = &mut BlockLinks::<1>(&mut self.blocks);
-            match sec {
-                1 => self.suffix_bins.push(l1, b, bin),
-                2 => self.prefix_bins.push(l1, b, bin),
-                _ => {}
+            &mut self.large_bins
+        };
+        let secondary = match sec {
+            1 => Some(&mut self.suffix_bins),
+            2 => Some(&mut self.prefix_bins),
+            _ => None,
+        };
+        let op = |bins: &mut Bins, links: &mut dyn LinkWrite| {
+            if insert {
+                bins.push(links, b, bin)
+            } else {
+                bins.remove(links, b, bin)
             }
+        };
+        op(primary, &mut BlockLinks::<0>(&mut self.blocks));
+        if let Some(bins) = secondary {
+            op(bins, &mut BlockLinks::<1>(&mut self.blocks));
         }
     }
 
     #[inline]
+    fn insert_free(&mut self, b: u32) {
+        self.rebin(b, true)
+    }
+
+    #[inline]
     fn remove_free(&mut self, b: u32) {
-        let blk = self.blocks[b as usize];
-        if blk.page == self.evacuating {
-            return;
-        }
-        let bin = bin_of(blk.len);
-        let (heap, sec) = self.block_class(&blk);
-        let l0 = &mut BlockLinks::<0>(&mut self.blocks);
-        if heap {
-            self.heap_bins.remove(l0, b, bin);
-        } else {
-            self.large_bins.remove(l0, b, bin);
-            let l1 = &mut BlockLinks::<1>(&mut self.blocks);
-            match sec {
-                1 => self.suffix_bins.remove(l1, b, bin),
-                2 => self.prefix_bins.remove(l1, b, bin),
-                _ => {}
-            }
-        }
+        self.rebin(b, false)
     }
 
     /// Makes page `p` (just taken from the free runs) a heap or large page covered by one free
@@ -971,7 +970,7 @@ impl Pool {
             }
         }
         // Commit.
-        let mut runs: SmallVec<[(u32, u32); 2]> = SmallVec::new();
+        let mut runs: SmallVec<[(u32, u32); 4]> = SmallVec::new();
         if need > 0 {
             let next_to_head = if head == NIL {
                 None
@@ -1060,8 +1059,8 @@ impl Pool {
     }
 
     /// The pages of a stitched layout in mapping order, as physically consecutive segments.
-    fn segments(&self, st: &Stitch) -> SmallVec<[(u32, u32); 4]> {
-        let mut segs: SmallVec<[(u32, u32); 4]> = SmallVec::new();
+    fn segments(&self, st: &Stitch) -> SmallVec<[(u32, u32); 8]> {
+        let mut segs: SmallVec<[(u32, u32); 8]> = SmallVec::new();
         let mut push = |p: u32, n: u32| match segs.last_mut() {
             Some(last) if last.0 + last.1 == p => last.1 += n,
             _ => segs.push((p, n)),
