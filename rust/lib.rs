@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod backend;
 pub mod error;
 pub mod pmm;
+pub mod replay;
 pub mod units;
 
 #[cfg(feature = "python")]

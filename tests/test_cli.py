@@ -11,10 +11,18 @@ def test_info(capsys):
         assert word in out
 
 
-def test_demo(capsys):
-    assert main(["demo", "--ops", "2000", "--vidmem", "256MiB"]) == 0
+def test_demo_pmm(capsys):
+    assert main(["demo", "--pmm", "--ops", "2000", "--vidmem", "256MiB"]) == 0
     out = capsys.readouterr().out
     assert "evicted that root" in out and "OutOfMemoryError" in out
+
+
+def test_demo_replays_the_shipped_trace(capsys):
+    assert main(["demo", "--vidmem", "64MiB"]) == 0
+    out = capsys.readouterr().out
+    for word in ("gpumm", "caching", "rmm-pool", "cupy", "buddy", "driver", "min cap.",
+                 "gpumm holds", "numpy writes all of it"):
+        assert word in out
 
 
 def test_bad_device_is_a_clear_error(capsys):

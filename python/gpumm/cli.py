@@ -82,7 +82,44 @@ def _stats_table(pmm: Pmm, title: str) -> Table:
     return t
 
 
+DEMO_TRACE = "transformer_step.csv.gz"
+
+
+def demo_trace_path() -> str:
+    """The trace shipped with the package (scripts/make_demo_trace.py says how it was made)."""
+    from importlib.resources import files
+
+    return str(files("gpumm") / "data" / DEMO_TRACE)
+
+
 def cmd_demo(args: argparse.Namespace, out: Console) -> int:
+    """The main job on the shipped trace, then a pool beating fragmentation on real memory;
+    with --pmm, the PMM underneath at work."""
+    if args.pmm:
+        return cmd_demo_pmm(args, out)
+    from gpumm.replay import replay
+    from gpumm.report import table
+    from gpumm.traces import read_trace
+
+    path = demo_trace_path()
+    out.print("[bold]gpumm demo[/bold]: one training step of a GPT-2-small-sized model (12 layers, "
+              "batch 4 x 512 tokens, fp32, AdamW), as an allocation trace shipped with gpumm, "
+              f"replayed through gpumm and models of other allocators on a simulated {args.device}.")
+    trace = read_trace(path)
+    report = replay(trace, device=args.device)
+    out.print(table(report))
+    g, c = report.results["gpumm"], report.results["caching"]
+    out.print(f"gpumm holds {format_size(g.peak_reserved)} at the peak, {g.ratio:.3f} x what is "
+              f"live; PyTorch's caching allocator (model) {format_size(c.peak_reserved)}, "
+              f"{c.ratio:.3f} x. The smallest device that runs the step: gpumm "
+              f"{format_size(g.min_capacity or 0)}, caching {format_size(c.min_capacity or 0)}.")
+    out.print(f"Your own job: [bold]gpumm replay TRACE[/bold] (RMM logs, PyTorch snapshots, "
+              f"profiler JSON), with --html report.html for the timeline and chunk maps.")
+    _demo_pool(args, out, number="")
+    return 0
+
+
+def cmd_demo_pmm(args: argparse.Namespace, out: Console) -> int:
     """Shows the PMM at work on a simulated device."""
     dev = get_device(args.device)
     pmm = Pmm(device=dev, vidmem=args.vidmem)
@@ -142,11 +179,10 @@ def cmd_demo(args: argparse.Namespace, out: Console) -> int:
               f"got {ch!r}")
     pmm.validate()
     out.print(_stats_table(pmm, "PMM statistics"))
-    _demo_pool(args, out)
     return 0
 
 
-def _demo_pool(args: argparse.Namespace, out: Console) -> None:
+def _demo_pool(args: argparse.Namespace, out: Console, number: str = "4. ") -> None:
     """Part 4: a memory pool on real host memory, where fragmentation cannot cause an OOM."""
     import numpy as np
 
@@ -164,7 +200,7 @@ def _demo_pool(args: argparse.Namespace, out: Console) -> None:
     for a in held[::3]:
         a.free()
     s = pool.stats()
-    out.print(f"\n4. a pool on {format_size(vidmem)} of real host memory (memfd pages): filled with "
+    out.print(f"\n{number}A pool on {format_size(vidmem)} of real host memory (memfd pages): filled with "
               f"1-3 MiB tensors, every third freed: {format_size(s['free_bytes'])} free "
               f"({s['free_bytes'] / s['reserved_bytes']:.0%}) in holes of at most "
               f"{format_size(s['largest_free_run'])} (fragmentation {s['fragmentation']:.0%})")
@@ -206,15 +242,75 @@ def _pool_table(s: dict, title: str) -> Table:
     return t
 
 
+def cmd_replay(args: argparse.Namespace, out: Console) -> int:
+    """Replays a trace through gpumm and models of other allocators."""
+    import json
+
+    from rich.progress import Progress
+
+    from gpumm.report import explain_ooms, html_report, table
+    from gpumm.replay import ALLOCATORS, replay
+    from gpumm.traces import read_trace
+
+    trace = read_trace(args.trace)
+    names = [n.strip() for n in args.allocator.split(",") if n.strip()] if args.allocator else list(ALLOCATORS)
+    quiet = args.json == "-"
+    with Progress(transient=True, disable=quiet or len(trace.events) < 50_000, console=out) as bar:
+        task = bar.add_task("replaying", total=len(names))
+
+        def step(name: str) -> None:
+            bar.update(task, advance=1, description=f"replaying through {name}")
+
+        report = replay(trace, names, capacity=args.capacity, device=args.device,
+                        min_capacity=not args.no_min_capacity, progress=step)
+    if args.json:
+        text = json.dumps(report.to_json(), indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    if args.html:
+        with open(args.html, "w") as f:
+            f.write(html_report(report))
+    if quiet:
+        return 0
+    if not trace.has_history:
+        out.print("[yellow]This snapshot has state but no history:[/yellow] the replay allocates "
+                  "its live blocks only, to show what each allocator needs to hold that state.")
+    out.print(table(report))
+    if report.recorded_peak_reserved:
+        out.print(f"PyTorch's caching allocator held {format_size(report.recorded_peak_reserved)} "
+                  f"at its peak ({report.recorded_peak_reserved / report.peak_live:.4f} × peak live).")
+    for name, r in report.results.items():
+        for line in explain_ooms(r):
+            out.print(f"[red]OOM[/red] {name}: {line}")
+    for what, path in (("JSON", args.json), ("HTML", args.html)):
+        if path and path != "-":
+            out.print(f"{what} written to {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpumm", description="GPU memory manager: tools and demos")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="architecture table and device presets")
-    demo = sub.add_parser("demo", help="the PMM and a memory pool at work")
+    demo = sub.add_parser("demo", help="replay a shipped training-step trace; a pool at work")
+    demo.add_argument("--pmm", action="store_true", help="instead, the PMM underneath at work")
     demo.add_argument("--device", default="h100", help="device preset (default h100)")
     demo.add_argument("--vidmem", default="1GiB", help="capacity to simulate (default 1GiB)")
     demo.add_argument("--ops", type=int, default=20000, help="random operations (default 20000)")
     demo.add_argument("--seed", type=int, default=0)
+    rp = sub.add_parser("replay", help="replay a trace through gpumm and models of other allocators")
+    rp.add_argument("trace", help="RMM log CSV (.csv/.csv.gz), PyTorch snapshot pickle, or profiler JSON")
+    where = rp.add_mutually_exclusive_group()
+    where.add_argument("--device", default="h100", help="device preset whose capacity to use (default h100)")
+    where.add_argument("--capacity", help="device capacity, e.g. 80GiB (overrides --device)")
+    rp.add_argument("--allocator", help="comma-separated allocators (default: all): "
+                    "gpumm, caching, caching-expandable, rmm-pool, cupy, buddy, driver")
+    rp.add_argument("--json", metavar="OUT", help="write the results as JSON ('-' for stdout only)")
+    rp.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
+    rp.add_argument("--no-min-capacity", action="store_true", help="skip the smallest-capacity search")
     return p
 
 
@@ -222,8 +318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     out = Console()
     try:
-        return {"info": cmd_info, "demo": cmd_demo}[args.command](args, out)
-    except GpummError as e:
+        return {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay}[args.command](args, out)
+    except (GpummError, OSError) as e:
         Console(stderr=True).print(f"[red]error:[/red] {e}")
         return 2
 

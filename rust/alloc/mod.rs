@@ -495,6 +495,11 @@ impl Pool {
         &self.dev
     }
 
+    /// Bytes held from the device (a counter: O(1), unlike `stats`).
+    pub fn reserved_bytes(&self) -> u64 {
+        self.counters.reserved_bytes
+    }
+
     pub fn is_closed(&self) -> bool {
         self.closed
     }

@@ -14,6 +14,7 @@ use crate::pmm::{self, ChunkId, ChunkInfo, ChunkState, ChunkType, RootList};
 use crate::units;
 
 mod pool;
+mod replay;
 
 // ------------------------------------------------------------------------------------------
 // Errors: one conversion, to the classes defined in python/gpumm/errors.py.
@@ -540,6 +541,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyChunk>()?;
     m.add_class::<PyEviction>()?;
     pool::register(m)?;
+    replay::register(m)?;
     m.add_function(wrap_pyfunction!(py_parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(py_format_size, m)?)?;
     m.add("ROOT_CHUNK_SIZE", pmm::ROOT_CHUNK_SIZE)?;

@@ -591,7 +591,7 @@ fn as_bytes(v: &[u64]) -> &[u8] {
 }
 
 /// A contiguous buffer of 64-bit integers (or a sequence of ints) as u64s; negatives refused.
-fn u64_buffer(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+pub(super) fn u64_buffer(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     use pyo3::buffer::PyBuffer;
     if let Ok(b) = PyBuffer::<u64>::get(obj) {
         return b.to_vec(py);

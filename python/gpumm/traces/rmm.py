@@ -12,53 +12,15 @@ import csv
 import gzip
 import io
 import os
-from dataclasses import dataclass
-from typing import Dict, Iterator, List, Tuple, Union
+from typing import Iterator, List, Tuple, Union
 
 from gpumm.errors import TraceFormatError
+from gpumm.traces.base import Event, Trace
 
-__all__ = ["Event", "Trace", "read_rmm_csv"]
+__all__ = ["read_rmm_csv", "write_rmm_csv"]
 
 HEADER = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"]
 ACTIONS = ("allocate", "free", "allocate failure")
-
-
-@dataclass(frozen=True)
-class Event:
-    """One allocator event: ``action`` is "alloc", "free" or "alloc_failed"."""
-
-    action: str
-    ptr: int
-    size: int
-    stream: int
-    time_us: int
-    thread: int
-
-
-@dataclass
-class Trace:
-    """Events in file order, with where they came from."""
-
-    events: List[Event]
-    source: str
-
-    @property
-    def num_allocs(self) -> int:
-        return sum(1 for e in self.events if e.action == "alloc")
-
-    def peak_live(self) -> int:
-        """The largest sum of live requested sizes over the trace. Frees of pointers not
-        allocated in the trace (allocated before recording began) are ignored."""
-        live: Dict[int, int] = {}
-        cur = peak = 0
-        for e in self.events:
-            if e.action == "alloc":
-                live[e.ptr] = e.size
-                cur += e.size
-                peak = max(peak, cur)
-            elif e.action == "free":
-                cur -= live.pop(e.ptr, 0)
-        return peak
 
 
 def _time_us(text: str) -> int:
@@ -114,4 +76,28 @@ def read_rmm_csv(path: Union[str, "os.PathLike[str]"]) -> Trace:
         if ev.size < 0 or ev.ptr < 0:
             raise TraceFormatError(f"{name}: line {line}: negative size or pointer")
         events.append(ev)
-    return Trace(events, name)
+    return Trace(events, name, format="rmm")
+
+
+def _hms(us: int) -> str:
+    s, us = divmod(max(0, us), 1_000_000)
+    m, s = divmod(s, 60)
+    h, m = divmod(m, 60)
+    return f"{h:02d}:{m:02d}:{s:02d}.{us:06d}"
+
+
+def write_rmm_csv(trace: Trace, path: Union[str, "os.PathLike[str]"]) -> None:
+    """Writes a trace's allocations, frees and failures in RMM's log layout (gzip when the
+    name ends in .gz). Segment events have no RMM form and are left out."""
+    names = {"alloc": "allocate", "free": "free", "alloc_failed": "allocate failure"}
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(HEADER)
+    for e in trace.events:
+        if e.action in names:
+            w.writerow([e.thread, _hms(e.time_us), names[e.action], f"{e.ptr:#x}", e.size,
+                        f"{e.stream:#x}"])
+    data = out.getvalue().encode()
+    name = os.fspath(path)
+    with open(name, "wb") as f:
+        f.write(gzip.compress(data, mtime=0) if name.endswith(".gz") else data)

@@ -1,0 +1,261 @@
+"""Replay a trace through gpumm and through models of other allocators, side by side.
+
+>>> from gpumm.traces import read_trace
+>>> from gpumm.replay import replay
+>>> report = replay(read_trace("gpt2_train.csv.gz"), capacity="80GiB")   # doctest: +SKIP
+>>> report.results["gpumm"].ratio                                       # doctest: +SKIP
+1.0006
+
+The engine is in Rust (``rust/replay``); the allocators and the rules each model follows are
+listed in ``docs/replay.md``. Events name allocations by id: frees of pointers the trace never
+allocated (and that the start state does not hold) are dropped, as are failures the real
+allocator recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from gpumm import _core
+from gpumm.arch import get_device
+from gpumm.errors import InvalidArgumentError
+from gpumm.traces.base import Trace
+from gpumm.units import MiB, SizeLike, parse_size
+
+__all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "replay"]
+
+#: Every allocator model, in report order.
+ALLOCATORS: Tuple[str, ...] = tuple(_core.ALLOCATORS)
+_CODES = {"alloc": 0, "free": 1, "segment_alloc": 2, "segment_free": 3}
+
+
+@dataclass
+class Prepared:
+    """A trace as the engine reads it: parallel arrays and the start state, by id."""
+
+    actions: List[int]
+    ids: List[int]
+    sizes: List[int]
+    streams: List[int]
+    addrs: List[int]
+    start: Optional[Tuple[List[Tuple[int, int, int]], List[Tuple[int, int, int, int, int]]]]
+    peak_live: int
+    #: index of the event after which live memory first reaches its peak
+    peak_event: int
+    #: the trace index of each engine event
+    source_index: List[int]
+
+
+def prepare(trace: Trace) -> Prepared:
+    """Turns a trace's pointers into allocation ids and its events into arrays."""
+    actions: List[int] = []
+    ids: List[int] = []
+    sizes: List[int] = []
+    streams: List[int] = []
+    addrs: List[int] = []
+    source: List[int] = []
+    live: Dict[int, Tuple[int, int]] = {}  # ptr -> (id, size)
+    next_id = 0
+    start = None
+    cur = 0
+    if trace.start is not None:
+        blocks = []
+        for addr, req, bsize, stream in trace.start.blocks:
+            live[addr] = (next_id, req)
+            blocks.append((next_id, addr, req, bsize, stream))
+            cur += req
+            next_id += 1
+        start = (list(trace.start.segments), blocks)
+    keep_addr = trace.format == "snapshot"
+    peak, peak_event = cur, -1
+    for i, e in enumerate(trace.events):
+        code = _CODES.get(e.action)
+        if code is None:
+            continue
+        if code == 0:
+            old = live.pop(e.ptr, None)
+            if old is not None:
+                cur -= old[1]
+            live[e.ptr] = (next_id, e.size)
+            ident, next_id = next_id, next_id + 1
+            cur += e.size
+        elif code == 1:
+            got = live.pop(e.ptr, None)
+            if got is None:
+                continue
+            ident = got[0]
+            cur -= got[1]
+        else:
+            ident = 0
+        actions.append(code)
+        ids.append(ident)
+        sizes.append(e.size)
+        streams.append(e.stream)
+        addrs.append(e.ptr if keep_addr or code >= 2 else 0)
+        source.append(i)
+        if cur > peak:
+            peak, peak_event = cur, len(actions) - 1
+    return Prepared(actions, ids, sizes, streams, addrs, start, peak, peak_event, source)
+
+
+@dataclass
+class AllocatorResult:
+    """One allocator's replay. Bytes unless named otherwise."""
+
+    allocator: str
+    capacity: int
+    peak_live: int
+    peak_reserved: int
+    final_reserved: int
+    ooms: List[Dict[str, int]]
+    fragmentation_at_peak: float
+    events_per_second: float
+    op_ns_mean: float
+    #: (event, live, reserved) over time
+    timeline: List[Tuple[int, int, int]]
+    min_capacity: Optional[int] = None
+    #: caching model on a snapshot: the fraction of allocations at PyTorch's own address
+    address_match: Optional[float] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ratio(self) -> float:
+        """Peak reserved ÷ peak live."""
+        return self.peak_reserved / self.peak_live if self.peak_live else 1.0
+
+
+@dataclass
+class Report:
+    """A trace replayed through several allocators."""
+
+    source: str
+    format: str
+    events: int
+    allocations: int
+    peak_live: int
+    capacity: int
+    has_history: bool
+    #: the real allocator's recorded peak reserved (PyTorch snapshots), else None
+    recorded_peak_reserved: Optional[int]
+    results: Dict[str, AllocatorResult]
+    seconds: float
+
+    def to_json(self) -> Dict[str, Any]:
+        """Plain data: per allocator the keys ``peak_live``, ``peak_reserved``, ``ooms``
+        (a count), ``min_capacity`` (bytes, or null), ``ratio``, ``fragmentation_at_peak``,
+        ``events_per_second``, and ``address_match`` for the caching model on a snapshot."""
+        out: Dict[str, Any] = {
+            "trace": self.source,
+            "format": self.format,
+            "events": self.events,
+            "allocations": self.allocations,
+            "peak_live": self.peak_live,
+            "capacity": self.capacity,
+            "has_history": self.has_history,
+            "recorded_peak_reserved": self.recorded_peak_reserved,
+            "allocators": {},
+        }
+        for name, r in self.results.items():
+            entry: Dict[str, Any] = {
+                "peak_live": r.peak_live,
+                "peak_reserved": r.peak_reserved,
+                "ratio": round(r.ratio, 6),
+                "ooms": len(r.ooms),
+                "min_capacity": r.min_capacity,
+                "fragmentation_at_peak": round(r.fragmentation_at_peak, 6),
+                "events_per_second": round(r.events_per_second),
+                "first_oom": r.ooms[0] if r.ooms else None,
+            }
+            if r.address_match is not None:
+                entry["address_match"] = round(r.address_match, 6)
+            if self.recorded_peak_reserved:
+                entry["reserved_vs_recorded"] = round(
+                    r.peak_reserved / self.recorded_peak_reserved - 1, 6
+                )
+            out["allocators"][name] = entry
+        return out
+
+
+def _caching_options(trace: Trace, overrides: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The real allocator's settings from the snapshot, then the caller's."""
+    opts: Dict[str, Any] = {}
+    s = trace.settings or {}
+    if isinstance(s.get("expandable_segments"), bool):
+        opts["expandable_segments"] = s["expandable_segments"]
+    if isinstance(s.get("max_split_size"), int):
+        opts["max_split_size"] = s["max_split_size"]
+    div = s.get("roundup_power2_divisions")
+    if isinstance(div, int):
+        opts["roundup_power2_divisions"] = div
+    elif isinstance(div, dict) and div:
+        vals = {v for v in div.values() if isinstance(v, int)}
+        if len(vals) == 1:
+            opts["roundup_power2_divisions"] = vals.pop()
+    opts.update(overrides or {})
+    return opts
+
+
+def replay(
+    trace: Trace,
+    allocators: Sequence[str] = ALLOCATORS,
+    capacity: Optional[SizeLike] = None,
+    device: str = "h100",
+    min_capacity: bool = True,
+    step: SizeLike = 64 * MiB,
+    caching_options: Optional[Dict[str, Any]] = None,
+    progress: Optional[Callable[[str], None]] = None,
+) -> Report:
+    """Replays ``trace`` through each allocator at ``capacity`` (default: ``device``'s), and
+    finds each one's smallest capacity with no out-of-memory failure (to ``step``)."""
+    names = list(allocators)
+    unknown = [n for n in names if n not in ALLOCATORS]
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown allocator {unknown[0]!r}; known: {', '.join(ALLOCATORS)}"
+        )
+    cap = parse_size(capacity) if capacity is not None else get_device(device).vidmem
+    unit = parse_size(step)
+    p = prepare(trace)
+    arrays = (p.actions, p.ids, p.sizes, p.streams, p.addrs)
+    opts = _caching_options(trace, caching_options)
+    t0 = time.perf_counter()
+    results: Dict[str, AllocatorResult] = {}
+    for name in names:
+        if progress:
+            progress(name)
+        raw = _core.replay(name, cap, *arrays, p.start, peak_event=max(p.peak_event, 0),
+                           options=opts)
+        r = AllocatorResult(
+            allocator=name,
+            capacity=cap,
+            peak_live=raw["peak_live"],
+            peak_reserved=raw["peak_reserved"],
+            final_reserved=raw["final_reserved"],
+            ooms=raw["ooms"],
+            fragmentation_at_peak=raw["fragmentation_at_peak"],
+            events_per_second=raw["events_per_second"],
+            op_ns_mean=raw["op_ns_mean"],
+            timeline=raw["timeline"],
+            raw=raw,
+        )
+        if name.startswith("caching") and raw["addressed_allocs"]:
+            r.address_match = raw["address_matches"] / raw["addressed_allocs"]
+        if min_capacity:
+            r.min_capacity = _core.replay_min_capacity(
+                name, *arrays, p.start, peak_live=p.peak_live, hi=cap, step=unit, options=opts
+            )
+        results[name] = r
+    return Report(
+        source=trace.source,
+        format=trace.format,
+        events=len(trace.events),
+        allocations=trace.num_allocs,
+        peak_live=p.peak_live,
+        capacity=cap,
+        has_history=trace.has_history,
+        recorded_peak_reserved=trace.recorded_peak_reserved(),
+        results=results,
+        seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,204 @@
+"""Reports of a replay: a table for the terminal and a self-contained HTML page (inline SVG,
+no scripts, no network) with the memory timeline of every allocator and its chunk map at the
+peak of live memory."""
+
+from __future__ import annotations
+
+import html
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from rich import box
+from rich.table import Table
+
+from gpumm.replay import AllocatorResult, Report
+from gpumm.units import format_size
+
+__all__ = ["table", "explain_ooms", "html_report"]
+
+COLORS = {
+    "gpumm": "#1b9e77",
+    "caching": "#d95f02",
+    "caching-expandable": "#e7298a",
+    "rmm-pool": "#7570b3",
+    "cupy": "#66a61e",
+    "buddy": "#e6ab02",
+    "driver": "#a6761d",
+}
+
+
+def _gib(n: Optional[int]) -> str:
+    return "–" if n is None else format_size(n)
+
+
+def table(report: Report) -> Table:
+    """One row per allocator: peak live, peak reserved, ratio, OOMs, smallest capacity,
+    fragmentation at the peak, replay speed (and, for snapshots, the error against the
+    real allocator's recorded reserve and the caching model's address match)."""
+    title = (f"{report.source}: {report.allocations} allocations, peak live "
+             f"{format_size(report.peak_live)}, device {format_size(report.capacity)}")
+    rec = report.recorded_peak_reserved
+    heads = ["allocator", "reserved", "÷ live", "OOMs", "min cap.", "frag.", "ev/s"]
+    if rec:
+        heads += ["vs PyTorch", "same addr."]
+    rows = []
+    for name, r in report.results.items():
+        row = [name, format_size(r.peak_reserved), f"{r.ratio:.4f}", str(len(r.ooms)),
+               _gib(r.min_capacity), f"{r.fragmentation_at_peak:.0%}",
+               f"{r.events_per_second / 1e6:.1f} M"]
+        if rec:
+            row.append(f"{r.peak_reserved / rec - 1:+.2%}")
+            row.append("–" if r.address_match is None else f"{r.address_match:.2%}")
+        rows.append(row)
+    t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), caption="reserved: peak "
+              "reserved; min cap.: smallest device with no OOM; frag.: fragmentation at the "
+              "peak of live memory")
+    for i, col in enumerate(heads):
+        width = max([len(col)] + [len(r[i]) for r in rows])
+        t.add_column(col, justify="left" if i == 0 else "right", no_wrap=True, min_width=width)
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def explain_ooms(r: AllocatorResult, limit: int = 3) -> List[str]:
+    """Why each of the first OOMs happened, in words."""
+    out = []
+    for o in r.ooms[:limit]:
+        cached = o["reserved"] - o["live"]
+        why = ("the device is full of live memory" if cached < o["size"] else
+               f"{format_size(cached)} is held but free, in pieces of at most "
+               f"{format_size(o['largest_free'])}: fragmentation")
+        out.append(
+            f"event {o['event']}: {format_size(o['size'])} requested; live "
+            f"{format_size(o['live'])}, reserved {format_size(o['reserved'])}, cached free "
+            f"{format_size(cached)}, largest free run {format_size(o['largest_free'])} — {why}"
+        )
+    if len(r.ooms) > limit:
+        out.append(f"... and {len(r.ooms) - limit} more")
+    return out
+
+
+def _timeline_svg(report: Report, w: int = 960, h: int = 340) -> str:
+    pad_l, pad_b, pad_t, pad_r = 70, 30, 10, 10
+    n = max(report.events, 1)
+    top = max([r.peak_reserved for r in report.results.values()] + [report.peak_live, 1])
+    sx = (w - pad_l - pad_r) / n
+    sy = (h - pad_t - pad_b) / top
+
+    def pts(series: Sequence[Tuple[int, int]]) -> str:
+        return " ".join(f"{pad_l + x * sx:.1f},{h - pad_b - y * sy:.1f}" for x, y in series)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+             f'viewBox="0 0 {w} {h}" role="img" aria-label="memory timeline">',
+             f'<rect x="0" y="0" width="{w}" height="{h}" fill="white"/>']
+    for k in range(5):
+        y = h - pad_b - (h - pad_t - pad_b) * k / 4
+        parts.append(f'<line x1="{pad_l}" y1="{y:.1f}" x2="{w - pad_r}" y2="{y:.1f}" '
+                     f'stroke="#ddd"/><text x="{pad_l - 6}" y="{y + 4:.1f}" font-size="11" '
+                     f'text-anchor="end">{html.escape(format_size(int(top * k / 4)))}</text>')
+    parts.append(f'<text x="{w / 2:.0f}" y="{h - 6}" font-size="11" text-anchor="middle">'
+                 f'event</text>')
+    first = next(iter(report.results.values()), None)
+    if first is not None:
+        live = [(e, lv) for e, lv, _ in first.timeline]
+        parts.append(f'<polyline fill="none" stroke="#222" stroke-width="2" '
+                     f'stroke-dasharray="5,3" points="{pts(live)}"><title>live</title></polyline>')
+    for name, r in report.results.items():
+        color = COLORS.get(name, "#888")
+        res = [(e, rv) for e, _, rv in r.timeline]
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
+                     f'points="{pts(res)}"><title>{html.escape(name)} reserved</title></polyline>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _map_svg(layout: Sequence[Tuple[int, int, bool]], w: int = 960, h: int = 26) -> str:
+    """Ranges in address order, side by side, width by size: used dark, free light, a gap
+    where two ranges are not adjacent in memory."""
+    total = sum(s for _, s, _ in layout) or 1
+    gaps = sum(1 for (a, s, _), (b, _, _) in zip(layout, layout[1:]) if a + s != b)
+    usable = w - 2 * gaps
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+             f'viewBox="0 0 {w} {h}" role="img" aria-label="chunk map">']
+    x = 0.0
+    prev_end = None
+    for a, s, used in layout:
+        if prev_end is not None and a != prev_end:
+            x += 2
+        width = max(usable * s / total, 0.3)
+        parts.append(f'<rect x="{x:.2f}" y="2" width="{width:.2f}" height="{h - 4}" '
+                     f'fill="{"#2c5d8f" if used else "#f2b36f"}"><title>{a:#x} '
+                     f'{html.escape(format_size(s))} {"used" if used else "free"}</title></rect>')
+        x += width
+        prev_end = a + s
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def html_report(report: Report) -> str:
+    """One self-contained page: summary table, memory timeline, chunk maps, OOMs."""
+    esc = html.escape
+    rec = report.recorded_peak_reserved
+    rows = []
+    for name, r in report.results.items():
+        cells = [f'<td><span class="sw" style="background:{COLORS.get(name, "#888")}"></span>'
+                 f'{esc(name)}</td>', f"<td>{esc(format_size(r.peak_reserved))}</td>",
+                 f"<td>{r.ratio:.4f}</td>", f"<td>{len(r.ooms)}</td>",
+                 f"<td>{esc(_gib(r.min_capacity))}</td>",
+                 f"<td>{r.fragmentation_at_peak:.0%}</td>",
+                 f"<td>{r.events_per_second / 1e6:.1f} M</td>"]
+        if rec:
+            cells.append(f"<td>{r.peak_reserved / rec - 1:+.2%}</td>")
+            cells.append("<td>–</td>" if r.address_match is None
+                         else f"<td>{r.address_match:.2%}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    head = ["allocator", "peak reserved", "÷ peak live", "OOMs", "min capacity",
+            "fragmentation at peak", "events/s"]
+    if rec:
+        head += ["vs PyTorch's recorded reserve", "same address as PyTorch"]
+    maps = []
+    for name, r in report.results.items():
+        layout = r.raw.get("layout_at_peak") or []
+        if layout:
+            maps.append(f"<h3>{esc(name)}</h3>{_map_svg(layout)}")
+    ooms = []
+    for name, r in report.results.items():
+        for line in explain_ooms(r):
+            ooms.append(f"<li><b>{esc(name)}</b>: {esc(line)}</li>")
+    state = "" if report.has_history else (
+        "<p class=note>This snapshot has state but no history: the replay is of its live "
+        "blocks only (what each allocator needs to hold that state).</p>")
+    recorded = (f"<p>PyTorch's caching allocator, recorded in the snapshot, held "
+                f"{esc(format_size(rec))} at its peak ({rec / report.peak_live:.4f} × peak "
+                f"live).</p>") if rec else ""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>gpumm replay: {esc(report.source)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1000px; }}
+table {{ border-collapse: collapse; }} td, th {{ padding: 4px 10px; text-align: right; }}
+th {{ border-bottom: 1px solid #999; }} td:first-child, th:first-child {{ text-align: left; }}
+.sw {{ display: inline-block; width: 12px; height: 12px; margin-right: 6px; }}
+.note {{ color: #a33; }} .legend span {{ margin-right: 1.5em; }}
+</style></head><body>
+<h1>Replay of {esc(report.source)}</h1>
+<p>{esc(report.format)} trace: {report.events} events, {report.allocations} allocations, peak
+live {esc(format_size(report.peak_live))}; device capacity {esc(format_size(report.capacity))}.</p>
+{recorded}{state}
+<table><tr>{"".join(f"<th>{esc(h)}</th>" for h in head)}</tr>
+{"".join(rows)}</table>
+<h2>Memory over the trace</h2>
+<p class="legend"><span>- - - live</span>{"".join(
+        f'<span><span class="sw" style="background:{COLORS.get(n, "#888")}"></span>{esc(n)} reserved</span>'
+        for n in report.results)}</p>
+{_timeline_svg(report)}
+<h2>Chunk maps at the peak of live memory</h2>
+<p>Each allocator's memory in address order: <span class="sw" style="background:#2c5d8f">
+</span>used, <span class="sw" style="background:#f2b36f"></span>free; a gap separates ranges
+that are not adjacent.</p>
+{"".join(maps) or "<p>No allocator gave a map.</p>"}
+<h2>Out-of-memory failures</h2>
+{"<ul>" + "".join(ooms) + "</ul>" if ooms else "<p>None.</p>"}
+<p><small>gpumm replay; allocator models and their rules: docs/replay.md.</small></p>
+</body></html>
+"""

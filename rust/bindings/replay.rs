@@ -1,0 +1,163 @@
+//! The replay engine for Python: arrays of events in, a dict of measurements out, with the
+//! GIL released while the engine runs.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::pool::u64_buffer;
+use super::{to_pyerr, IntoPy};
+use crate::error::Error;
+use crate::replay::{self as engine, Action, CachingOptions, Event, StartState};
+
+/// Events from parallel arrays (uint64 buffers or lists): action codes (0 alloc, 1 free,
+/// 2 segment_alloc, 3 segment_free), ids, sizes, streams, addresses.
+fn events(
+    py: Python<'_>,
+    arrays: [&Bound<'_, PyAny>; 5],
+) -> PyResult<Vec<Event>> {
+    let names = ["actions", "ids", "sizes", "streams", "addrs"];
+    let cols: Vec<Vec<u64>> = arrays
+        .iter()
+        .zip(names)
+        .map(|(a, n)| u64_buffer(py, a, n))
+        .collect::<PyResult<_>>()?;
+    let n = cols[0].len();
+    if cols.iter().any(|c| c.len() != n) {
+        return Err(to_pyerr(py, Error::InvalidArgument("event arrays differ in length".into())));
+    }
+    (0..n)
+        .map(|i| {
+            let action = Action::from_code(cols[0][i]).ok_or_else(|| {
+                to_pyerr(py, Error::InvalidArgument(format!("event {i}: unknown action code {}", cols[0][i])))
+            })?;
+            let id = u32::try_from(cols[1][i]).map_err(|_| {
+                to_pyerr(py, Error::InvalidArgument(format!("event {i}: id too large")))
+            })?;
+            Ok(Event { action, id, size: cols[2][i], stream: cols[3][i], addr: cols[4][i] })
+        })
+        .collect()
+}
+
+fn caching_options(opts: Option<&Bound<'_, PyDict>>) -> PyResult<CachingOptions> {
+    let mut o = CachingOptions::default();
+    if let Some(d) = opts {
+        if let Some(v) = d.get_item("expandable_segments")? {
+            o.expandable_segments = v.extract()?;
+        }
+        if let Some(v) = d.get_item("max_split_size")? {
+            let v: i64 = v.extract()?;
+            o.max_split_size = if v <= 0 { u64::MAX } else { v as u64 };
+        }
+        if let Some(v) = d.get_item("roundup_power2_divisions")? {
+            o.roundup_power2_divisions = v.extract()?;
+        }
+    }
+    Ok(o)
+}
+
+type StartArgs = (Vec<(u64, u64, u64)>, Vec<(u32, u64, u64, u64, u64)>);
+
+/// Replays events through the allocator model `model` at `capacity` bytes.
+#[pyfunction]
+#[pyo3(signature = (model, capacity, actions, ids, sizes, streams, addrs, start = None, *,
+    peak_event = None, timeline_points = 600, options = None))]
+#[allow(clippy::too_many_arguments)]
+pub fn replay<'py>(
+    py: Python<'py>,
+    model: &str,
+    capacity: u64,
+    actions: &Bound<'py, PyAny>,
+    ids: &Bound<'py, PyAny>,
+    sizes: &Bound<'py, PyAny>,
+    streams: &Bound<'py, PyAny>,
+    addrs: &Bound<'py, PyAny>,
+    start: Option<StartArgs>,
+    peak_event: Option<usize>,
+    timeline_points: usize,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let ev = events(py, [actions, ids, sizes, streams, addrs])?;
+    let opts = caching_options(options)?;
+    let start = start.map(|(segments, blocks)| StartState { segments, blocks }).unwrap_or_default();
+    let mut m = engine::model_by_name(model, capacity, opts).py_err(py)?;
+    let t0 = std::time::Instant::now();
+    let r = py.detach(|| {
+        engine::run(m.as_mut(), capacity, &start, &ev, peak_event.unwrap_or(usize::MAX), timeline_points)
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let d = PyDict::new(py);
+    d.set_item("allocator", model)?;
+    d.set_item("capacity", r.capacity)?;
+    d.set_item("events", r.events)?;
+    d.set_item("allocs", r.allocs)?;
+    d.set_item("peak_live", r.peak_live)?;
+    d.set_item("peak_reserved", r.peak_reserved)?;
+    d.set_item("final_reserved", r.final_reserved)?;
+    d.set_item("fragmentation_at_peak", r.fragmentation_at_peak())?;
+    d.set_item("free_at_peak", r.free_at_peak)?;
+    d.set_item("largest_free_at_peak", r.largest_free_at_peak)?;
+    d.set_item("address_matches", r.address_matches)?;
+    d.set_item("addressed_allocs", r.addressed_allocs)?;
+    d.set_item("preload_failed", r.preload_failed)?;
+    d.set_item("seconds", wall)?;
+    d.set_item("events_per_second", if wall > 0.0 { r.events as f64 / wall } else { 0.0 })?;
+    d.set_item(
+        "op_ns_mean",
+        if r.ops_timed > 0 { r.op_ns_total as f64 / r.ops_timed as f64 } else { 0.0 },
+    )?;
+    let ooms = PyList::empty(py);
+    for o in &r.ooms {
+        let od = PyDict::new(py);
+        od.set_item("event", o.event)?;
+        od.set_item("size", o.size)?;
+        od.set_item("live", o.live)?;
+        od.set_item("reserved", o.reserved)?;
+        od.set_item("largest_free", o.largest_free)?;
+        ooms.append(od)?;
+    }
+    d.set_item("ooms", ooms)?;
+    d.set_item("timeline", r.timeline)?;
+    d.set_item("layout_at_peak", r.layout_at_peak)?;
+    Ok(d)
+}
+
+/// The smallest capacity (a multiple of `step`, at most `hi`) at which `model` replays the
+/// events with no out-of-memory failure; None if even `hi` fails.
+#[pyfunction]
+#[pyo3(signature = (model, actions, ids, sizes, streams, addrs, start = None, *, peak_live,
+    hi, step, options = None))]
+#[allow(clippy::too_many_arguments)]
+pub fn replay_min_capacity(
+    py: Python<'_>,
+    model: &str,
+    actions: &Bound<'_, PyAny>,
+    ids: &Bound<'_, PyAny>,
+    sizes: &Bound<'_, PyAny>,
+    streams: &Bound<'_, PyAny>,
+    addrs: &Bound<'_, PyAny>,
+    start: Option<StartArgs>,
+    peak_live: u64,
+    hi: u64,
+    step: u64,
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Option<u64>> {
+    let ev = events(py, [actions, ids, sizes, streams, addrs])?;
+    let opts = caching_options(options)?;
+    engine::model_by_name(model, hi.max(step), opts).py_err(py)?; // a clear error for a bad name
+    if step == 0 {
+        return Err(to_pyerr(py, Error::InvalidArgument("step must be positive".into())));
+    }
+    let start = start.map(|(segments, blocks)| StartState { segments, blocks }).unwrap_or_default();
+    let name = model.to_string();
+    Ok(py.detach(|| {
+        let make = |cap: u64| engine::model_by_name(&name, cap, opts).expect("known model");
+        engine::min_capacity(&make, &start, &ev, peak_live, hi, step)
+    }))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_function(wrap_pyfunction!(replay_min_capacity, m)?)?;
+    m.add("ALLOCATORS", engine::MODEL_NAMES.to_vec())?;
+    Ok(())
+}

@@ -1,0 +1,188 @@
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+fn alloc(id: u32, size: u64) -> Event {
+    Event {
+        action: Action::Alloc,
+        id,
+        size,
+        stream: 0,
+        addr: 0,
+    }
+}
+
+fn free(id: u32) -> Event {
+    Event {
+        action: Action::Free,
+        id,
+        size: 0,
+        stream: 0,
+        addr: 0,
+    }
+}
+
+fn replay(name: &str, cap: u64, events: &[Event]) -> Replay {
+    let mut m = model_by_name(name, cap, CachingOptions::default()).unwrap();
+    run(m.as_mut(), cap, &StartState::default(), events, usize::MAX, 100)
+}
+
+/// Two 3 MiB tensors alive at a time, 50 times over.
+fn pairs() -> Vec<Event> {
+    let mut v = vec![];
+    for i in 0..50u32 {
+        v.push(alloc(i, 3 * MIB));
+        if i > 0 {
+            v.push(free(i - 1));
+        }
+    }
+    v
+}
+
+#[test]
+fn every_model_replays_and_frees() {
+    for name in MODEL_NAMES {
+        let r = replay(name, 1 << 30, &pairs());
+        assert!(r.ooms.is_empty(), "{name}");
+        assert_eq!(r.peak_live, 6 * MIB, "{name}");
+        assert!(r.peak_reserved >= 6 * MIB, "{name}: {}", r.peak_reserved);
+    }
+}
+
+#[test]
+fn reserve_follows_each_model_rules() {
+    let ev = pairs();
+    let reserved = |n| replay(n, 1 << 30, &ev).peak_reserved;
+    assert_eq!(reserved("driver"), 6 * MIB);
+    assert_eq!(reserved("gpumm"), 6 * MIB); // page ends shared: 3 pages
+    assert_eq!(reserved("buddy"), 8 * MIB); // 4 MiB blocks
+    assert_eq!(reserved("caching"), 20 * MIB); // 1-10 MiB requests share a 20 MiB segment
+    assert_eq!(reserved("cupy"), 6 * MIB); // exact-size chunks, reused
+    assert_eq!(reserved("rmm-pool"), 6 * MIB); // 3 MiB, then doubles to 6
+}
+
+#[test]
+fn caching_rounding_and_split_rules() {
+    let c = models::Caching::new(
+        1 << 30,
+        CachingOptions {
+            roundup_power2_divisions: 4,
+            ..CachingOptions::default()
+        },
+    );
+    // only above 512 B x divisions (the code's guard; the docs' "1200 -> 1280" example skips it)
+    assert_eq!(c.round_size(1200), 1536);
+    assert_eq!(c.round_size(3000), 3072);
+    assert_eq!(c.round_size(5000), 5120); // 4096 + 1024 (4 steps between 4096 and 8192)
+    let plain = models::Caching::new(1 << 30, CachingOptions::default());
+    assert_eq!(plain.round_size(1), 512);
+    assert_eq!(plain.round_size(1200), 1536);
+    // small requests share 2 MiB segments and are split
+    let ev: Vec<Event> = (0..4).map(|i| alloc(i, 1000)).collect();
+    let r = replay("caching", 1 << 30, &ev);
+    assert_eq!(r.peak_reserved, 2 * MIB);
+    // a 12 MiB request gets a 12 MiB segment, freed and reused by an 11 MiB one (no split:
+    // the remainder would be 1 MiB, not more)
+    let ev = vec![alloc(0, 12 * MIB), free(0), alloc(1, 11 * MIB), alloc(2, MIB + 1)];
+    let r = replay("caching", 1 << 30, &ev);
+    assert_eq!(r.peak_reserved, 12 * MIB + 20 * MIB);
+}
+
+#[test]
+fn caching_releases_cache_before_failing() {
+    // 20 MiB segments for 5 MiB requests; on a 40 MiB device the third distinct size needs
+    // the cached segments released.
+    let ev = vec![
+        alloc(0, 15 * MIB),
+        free(0),
+        alloc(1, 16 * MIB),
+        free(1),
+        alloc(2, 30 * MIB),
+    ];
+    let r = replay("caching", 40 * MIB, &ev);
+    assert!(r.ooms.is_empty());
+    assert_eq!(r.final_reserved, 30 * MIB);
+    let r = replay("rmm-pool", 40 * MIB, &ev);
+    assert_eq!(r.ooms.len(), 1, "rmm's pool never gives memory back");
+    assert_eq!(r.ooms[0].size, 30 * MIB);
+}
+
+#[test]
+fn segment_hints_give_addresses() {
+    let base = 0x7f00_0000_0000;
+    let ev = vec![
+        Event {
+            action: Action::SegmentAlloc,
+            id: 0,
+            size: 2 * MIB,
+            stream: 0,
+            addr: base,
+        },
+        Event {
+            addr: base,
+            ..alloc(0, 1000)
+        },
+        Event {
+            addr: base + 1024,
+            ..alloc(1, 1000)
+        },
+        Event {
+            addr: base + 9999,
+            ..alloc(2, 1000)
+        },
+    ];
+    let r = replay("caching", 1 << 30, &ev);
+    assert_eq!((r.address_matches, r.addressed_allocs), (2, 3));
+}
+
+#[test]
+fn preload_rebuilds_segments() {
+    let start = StartState {
+        segments: vec![(1 << 30, 20 * MIB, 0)],
+        blocks: vec![(0, (1 << 30) + 2 * MIB, 3 * MIB, 3 * MIB, 0)],
+    };
+    let mut m = model_by_name("caching", 1 << 32, CachingOptions::default()).unwrap();
+    let ev = vec![alloc(1, 2 * MIB), free(0)];
+    let r = run(m.as_mut(), 1 << 32, &start, &ev, usize::MAX, 10);
+    assert_eq!(r.peak_reserved, 20 * MIB);
+    assert_eq!(r.peak_live, 5 * MIB);
+    assert!(r.ooms.is_empty());
+}
+
+#[test]
+fn buddy_splits_and_merges() {
+    let ev = vec![alloc(0, 600), alloc(1, 600), free(0), free(1), alloc(2, 4 * MIB)];
+    let r = replay("buddy", 8 * MIB, &ev);
+    assert!(r.ooms.is_empty());
+    assert_eq!(r.peak_reserved, 4 * MIB);
+    let ev = vec![alloc(0, 5 * MIB), alloc(1, 1)];
+    let r = replay("buddy", 8 * MIB, &ev);
+    assert_eq!(r.ooms.len(), 1, "8 MiB for 5 MiB leaves no buddy");
+}
+
+#[test]
+fn ooms_record_the_state() {
+    let ev = vec![alloc(0, 3 * MIB), alloc(1, 3 * MIB), alloc(2, 3 * MIB)];
+    let r = replay("driver", 8 * MIB, &ev);
+    assert_eq!(r.ooms.len(), 1);
+    let o = &r.ooms[0];
+    assert_eq!((o.event, o.size, o.live, o.reserved), (2, 3 * MIB, 6 * MIB, 6 * MIB));
+}
+
+#[test]
+fn min_capacity_bisects() {
+    let ev = pairs();
+    for (name, want) in [("driver", 64 * MIB), ("caching", 64 * MIB), ("gpumm", 64 * MIB)] {
+        let make = |cap| model_by_name(name, cap, CachingOptions::default()).unwrap();
+        let c = min_capacity(&make, &StartState::default(), &ev, 6 * MIB, 1 << 30, 64 * MIB);
+        assert_eq!(c, Some(want), "{name}");
+    }
+    let make = |cap| model_by_name("driver", cap, CachingOptions::default()).unwrap();
+    let c = min_capacity(&make, &StartState::default(), &ev, 6 * MIB, 1 << 30, 2 * MIB);
+    assert_eq!(c, Some(6 * MIB));
+}
+
+#[test]
+fn unknown_model_is_an_error() {
+    assert!(model_by_name("tcmalloc", 1 << 30, CachingOptions::default()).is_err());
+}

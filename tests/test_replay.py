@@ -1,0 +1,159 @@
+"""Replay through gpumm and the models of other allocators: every real trace, the caching
+model checked against what PyTorch did, the CLI with its JSON and HTML outputs."""
+
+import html.parser
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpumm.cli import demo_trace_path, main
+from gpumm.errors import InvalidArgumentError
+from gpumm.replay import ALLOCATORS, prepare, replay
+from gpumm.report import explain_ooms, html_report
+from gpumm.traces import read_rmm_csv, read_trace
+from gpumm.units import MiB
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+needs_shared = pytest.mark.skipif(
+    not TRACES.is_dir(), reason="../shared/traces is absent (a user's own clone): real traces not available"
+)
+ALL = ["gpt2_train.csv.gz", "bert_train.csv.gz", "resnet50_train.csv.gz",
+       "compile_train.pickle", "cs336_ctx128_forward.pickle", "magma_train.pickle",
+       "forward_bf16.pickle", "oom_state.pickle", "opt13_state.pickle"]
+HISTORY = ["compile_train.pickle", "cs336_ctx128_forward.pickle", "magma_train.pickle",
+           "forward_bf16.pickle"]
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ALL)
+def test_every_allocator_on_every_trace(name):
+    report = replay(read_trace(TRACES / name))
+    assert list(report.results) == list(ALLOCATORS)
+    for r in report.results.values():
+        assert not r.ooms and r.peak_live == report.peak_live
+        assert r.peak_reserved >= r.peak_live or r.allocator == "driver"
+        assert r.min_capacity is not None and r.min_capacity % (64 * MiB) == 0
+        assert r.events_per_second > 0 or not report.events  # state-only: nothing to time
+    g = report.results["gpumm"]
+    assert g.peak_reserved <= 1.02 * report.peak_live + 4 * MiB, g.ratio
+    assert report.results["driver"].peak_reserved <= g.peak_reserved
+
+
+@needs_shared
+@pytest.mark.parametrize("name", HISTORY)
+def test_caching_model_matches_pytorch(name):
+    """From the state rebuilt at the ring buffer's start, the model puts at least 99 % of
+    allocations where PyTorch did and peaks within 0.5 % of PyTorch's recorded reserve."""
+    report = replay(read_trace(TRACES / name), ["caching"], min_capacity=False)
+    c = report.results["caching"]
+    assert c.address_match >= 0.99
+    assert abs(c.peak_reserved / report.recorded_peak_reserved - 1) <= 0.005
+    assert report.to_json()["allocators"]["caching"]["address_match"] >= 0.99
+
+
+def small_trace(tmp_path, n=200):
+    rows = ["Thread,Time,Action,Pointer,Size,Stream"]
+    for i in range(n):  # 5 MiB and 300 KiB tensors, three alive at a time
+        size = 5 * MiB if i % 2 else 300 * 1024
+        rows.append(f"1,00:00:00.{2 * i:06d},allocate,{0x1000 * (i + 1):#x},{size},0x0")
+        if i >= 2:
+            rows.append(f"1,00:00:00.{2 * i + 1:06d},free,{0x1000 * (i - 1):#x},0,0x0")
+    p = tmp_path / "small.csv"
+    p.write_text("\n".join(rows) + "\n")
+    return p
+
+
+def test_replay_of_a_small_trace(tmp_path):
+    t = read_rmm_csv(small_trace(tmp_path))
+    p = prepare(t)
+    assert p.peak_live == 2 * 5 * MiB + 300 * 1024
+    report = replay(t, capacity="1GiB")
+    assert report.results["gpumm"].peak_reserved == 12 * MiB  # 6 pages: page ends shared
+    assert report.results["caching"].peak_reserved == 22 * MiB  # a 20 MiB and a 2 MiB segment
+    assert report.results["driver"].min_capacity == 64 * MiB
+    j = report.to_json()
+    for name in ALLOCATORS:
+        entry = j["allocators"][name]
+        assert all(isinstance(entry[k], int) for k in ("peak_live", "peak_reserved", "ooms", "min_capacity"))
+
+
+def test_ooms_are_explained(tmp_path):
+    t = read_rmm_csv(small_trace(tmp_path))
+    report = replay(t, ["caching", "buddy"], capacity="16MiB", min_capacity=False)
+    c = report.results["caching"]
+    assert c.ooms and c.ooms[0]["size"] == 5 * MiB
+    text = explain_ooms(c)[0]
+    assert "5 MiB requested" in text and "live" in text and "largest free run" in text
+
+
+def test_unknown_allocator():
+    with pytest.raises(InvalidArgumentError, match="unknown allocator 'tcmalloc'"):
+        replay(read_rmm_csv(demo_trace_path()), ["tcmalloc"])
+
+
+def test_cli_json_to_stdout(tmp_path, capsys):
+    assert main(["replay", str(small_trace(tmp_path)), "--capacity", "1GiB", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["allocators"]) == set(ALLOCATORS)
+    for v in data["allocators"].values():
+        assert {"peak_live", "peak_reserved", "ooms", "min_capacity"} <= set(v)
+
+
+def test_cli_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,xx,allocate,0x1,5,0x0\n")
+    assert main(["replay", str(bad)]) == 2
+    assert "line 2" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "missing.csv")]) == 2
+    assert main(["replay", demo_trace_path(), "--allocator", "nope"]) == 2
+    assert "unknown allocator" in capsys.readouterr().err
+
+
+class _Parser(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags = {}
+        self.stack = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+
+
+def test_html_report(tmp_path):
+    out = tmp_path / "r.html"
+    assert main(["replay", demo_trace_path(), "--html", str(out), "--no-min-capacity"]) == 0
+    text = out.read_text()
+    p = _Parser()
+    p.feed(text)
+    assert p.tags["svg"] >= 2 and p.tags["polyline"] >= len(ALLOCATORS) + 1
+    assert p.tags["rect"] > 10 and p.tags["table"] == 1
+    for name in ALLOCATORS:
+        assert name in text
+    assert "<script" not in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("chromium-browser") is None,
+                    reason="headless Chromium (Debian's chromium package) is not installed here")
+def test_html_report_renders_in_chromium(tmp_path):
+    out = tmp_path / "r.html"
+    main(["replay", demo_trace_path(), "--html", str(out), "--no-min-capacity"])
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    shot = tmp_path / "shot.png"
+    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu",
+                    f"--screenshot={shot}", "--window-size=1100,1400", out.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    assert shot.stat().st_size > 10_000
+    dom = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                          out.as_uri()], check=True, capture_output=True, timeout=120, text=True)
+    assert dom.stdout.count("<polyline") >= len(ALLOCATORS) + 1
+
+
+def test_console_script_replay(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gpumm", "replay", str(small_trace(tmp_path)),
+                        "--capacity", "1GiB", "--no-min-capacity"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "gpumm" in r.stdout and "caching" in r.stdout

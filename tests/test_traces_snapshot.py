@@ -1,0 +1,228 @@
+"""PyTorch snapshot reader: real snapshots from ../shared/traces, hostile and broken pickles,
+the profiler JSON reader, the writers, and format detection."""
+
+import gzip
+import json
+import os
+import pickle
+import pickletools
+from pathlib import Path
+
+import pytest
+
+import gpumm
+from gpumm.errors import TraceFormatError
+from gpumm.traces import (load_snapshot, read_profiler_json, read_rmm_csv, read_snapshot,
+                          read_trace, write_rmm_csv, write_snapshot)
+from gpumm.units import GiB, MiB
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+needs_shared = pytest.mark.skipif(
+    not TRACES.is_dir(), reason="../shared/traces is absent (a user's own clone): real traces not available"
+)
+
+# name: (allocations, start live GiB, peak live GiB, PyTorch's peak reserved / peak live)
+SNAPSHOTS = {
+    "compile_train": (2162, 2.85, 3.585, 1.101),
+    "cs336_ctx128_forward": (3113, 12.69, 16.394, 1.016),
+    "magma_train": (1721, 1.28, 12.968, 1.018),
+    "forward_bf16": (937, 0.49, 0.726, 1.105),
+}
+
+
+@needs_shared
+@pytest.mark.parametrize("name", SNAPSHOTS)
+def test_real_snapshots_with_history(name):
+    allocs, start_live, peak, torch_ratio = SNAPSHOTS[name]
+    t = read_snapshot(TRACES / f"{name}.pickle")
+    assert t.format == "snapshot" and t.has_history
+    assert t.num_allocs == allocs
+    assert t.start.live_bytes / GiB == pytest.approx(start_live, abs=0.01)
+    assert t.peak_live() / GiB == pytest.approx(peak, abs=0.001)
+    assert t.recorded_peak_reserved() / t.peak_live() == pytest.approx(torch_ratio, abs=0.001)
+    # stacks are kept for reports
+    assert t.frames and any(e.frames >= 0 for e in t.events)
+    # the start state is consistent: every live block lies in a start segment
+    segs = sorted(t.start.segments)
+    for addr, req, bsize, _ in t.start.blocks:
+        assert any(s <= addr and addr + bsize <= s + n for s, n, _ in segs), hex(addr)
+
+
+@needs_shared
+@pytest.mark.parametrize("name, live_gib, torch_ratio",
+                         [("oom_state", 11.03, 1.000), ("opt13_state", 3.61, 1.716)])
+def test_real_snapshots_state_only(name, live_gib, torch_ratio):
+    t = read_snapshot(TRACES / f"{name}.pickle")
+    assert not t.has_history and t.num_allocs == 0
+    assert t.start.live_bytes / GiB == pytest.approx(live_gib, abs=0.01)
+    assert t.start.reserved_bytes / t.start.live_bytes == pytest.approx(torch_ratio, abs=0.002)
+
+
+class Evil:
+    """Pickles to a call of os.system: a snapshot from a stranger must never run it."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class Call:
+    """Pickles to ``fn(*args)``."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+
+def evil_pickles(marker):
+    """Pickles that try to import and call something, in old and new protocols."""
+    import builtins
+    import subprocess
+
+    yield "os.system", pickle.dumps({"segments": [], "x": Evil(marker)}), "system"
+    yield "subprocess.call", pickle.dumps(Call(subprocess.call, ["touch", str(marker)])), "subprocess"
+    yield "builtins.eval", pickle.dumps(Call(builtins.eval, "1+1"), protocol=0), "_builtin.*eval"
+    yield "builtins.exec", pickle.dumps([Call(builtins.exec, "open('x','w')")], protocol=2), "_builtin.*exec"
+    yield "a bare global", pickle.dumps(os.getcwd, protocol=4), "getcwd"
+
+
+def test_hostile_pickles_are_refused_and_never_run(tmp_path):
+    marker = tmp_path / "pwned"
+    for what, data, name in evil_pickles(marker):
+        p = tmp_path / "evil.pickle"
+        p.write_bytes(data)
+        with pytest.raises(TraceFormatError, match=f"refused to load the global .*{name}"):
+            read_snapshot(p)
+        with pytest.raises(TraceFormatError):
+            read_trace(p)
+        assert not marker.exists(), f"{what}: code ran"
+    # the first one really does name its global
+    p.write_bytes(pickle.dumps({"segments": [], "x": Evil(marker)}))
+    with pytest.raises(TraceFormatError, match="posix.system|os.system"):
+        load_snapshot(p)
+
+
+def small_snapshot():
+    seg = 0x7F0000000000
+    return {
+        "segments": [{"device": 0, "address": seg, "total_size": 2 * MiB, "stream": 0,
+                      "segment_type": "small",
+                      "blocks": [{"address": seg, "size": 1024, "requested_size": 1000,
+                                  "state": "active_allocated"},
+                                 {"address": seg + 1024, "size": 2 * MiB - 1024,
+                                  "requested_size": 0, "state": "inactive"}]}],
+        "device_traces": [[
+            {"action": "alloc", "addr": seg + 1024, "size": 100, "stream": 0, "time_us": 10,
+             "frames": [{"filename": "train.py", "line": 3, "name": "step"}]},
+            {"action": "free_requested", "addr": seg + 1024, "size": 100, "stream": 0},
+            {"action": "free_completed", "addr": seg + 1024, "size": 100, "stream": 0},
+            {"action": "alloc", "addr": seg, "size": 1000, "stream": 0, "time_us": 20},
+        ]],
+    }
+
+
+def test_rewinds_to_the_start(tmp_path):
+    p = tmp_path / "s.pickle"
+    p.write_bytes(pickle.dumps(small_snapshot()))
+    t = read_snapshot(p)
+    assert [e.action for e in t.events] == ["alloc", "free", "alloc"]
+    assert t.start.segments == [(0x7F0000000000, 2 * MiB, 0)]
+    assert t.start.blocks == []  # the 1000 B block was allocated inside the history
+    assert t.frames == [["train.py:3:step"]] and t.events[0].frames == 0
+    assert t.peak_live() == 1000 and t.recorded_peak_reserved() == 2 * MiB
+
+
+def test_truncated_and_corrupt_snapshots(tmp_path):
+    good = pickle.dumps(small_snapshot())
+    p = tmp_path / "t.pickle"
+    for cut in range(0, len(good), max(1, len(good) // 40)):
+        p.write_bytes(good[:cut])
+        with pytest.raises(TraceFormatError):
+            read_snapshot(p)
+    bad = small_snapshot()
+    bad["segments"][0]["total_size"] = -5
+    p.write_bytes(pickle.dumps(bad))
+    with pytest.raises(TraceFormatError, match=r"segments\[0\].*total_size"):
+        read_snapshot(p)
+    bad = small_snapshot()
+    bad["device_traces"][0][1]["action"] = "teleport"
+    p.write_bytes(pickle.dumps(bad))
+    with pytest.raises(TraceFormatError, match=r"device_traces\[0\]\[1\].*teleport"):
+        read_snapshot(p)
+    p.write_bytes(pickle.dumps([1, 2, 3]))
+    with pytest.raises(TraceFormatError, match="not a PyTorch memory snapshot"):
+        read_snapshot(p)
+
+
+def profiler_events():
+    mem = lambda addr, nbytes, ts, dev=1: {  # noqa: E731
+        "ph": "i", "name": "[memory]", "ts": ts, "pid": 1, "tid": 1,
+        "args": {"Addr": addr, "Bytes": nbytes, "Total Allocated": 0, "Total Reserved": 0,
+                 "Device Type": dev, "Device Id": 0}}
+    return {"traceEvents": [
+        {"ph": "X", "name": "aten::mm", "ts": 1.0, "dur": 2.0},
+        mem(0x1000, 4096, 10.0), mem(0x3000, 512, 11.5), mem(0x1000, -4096, 20.0),
+        mem(0x9000, 64, 12.0, dev=0),
+    ]}
+
+
+def test_profiler_json(tmp_path):
+    p = tmp_path / "trace.json"
+    p.write_text(json.dumps(profiler_events()))
+    t = read_profiler_json(p)
+    assert [(e.action, e.ptr, e.size) for e in t.events] == [
+        ("alloc", 0x1000, 4096), ("alloc", 0x3000, 512), ("free", 0x1000, 4096)]
+    assert read_profiler_json(p, device_type=0).num_allocs == 1
+    gz = tmp_path / "trace.json.gz"
+    gz.write_bytes(gzip.compress(p.read_bytes()))
+    assert read_trace(gz).num_allocs == 2
+    bad = profiler_events()
+    del bad["traceEvents"][2]["args"]["Bytes"]
+    p.write_text(json.dumps(bad))
+    with pytest.raises(TraceFormatError, match=r"traceEvents\[2\]"):
+        read_profiler_json(p)
+    p.write_text('{"traceEvents": [')
+    with pytest.raises(TraceFormatError, match="not readable JSON"):
+        read_profiler_json(p)
+
+
+def test_rmm_writer_round_trip(tmp_path):
+    src = tmp_path / "a.csv"
+    src.write_text("Thread,Time,Action,Pointer,Size,Stream\n"
+                   "1,00:00:00.000001,allocate,0x1000,4096,0x0\n"
+                   "2,00:00:01.250000,allocate failure,0x0,99999,0x7\n"
+                   "1,00:01:02.000003,free,0x1000,4096,0x0\n")
+    t = read_rmm_csv(src)
+    for name in ("b.csv", "b.csv.gz"):
+        write_rmm_csv(t, tmp_path / name)
+        assert read_rmm_csv(tmp_path / name).events == t.events
+
+
+def test_pool_snapshot_writer(tmp_path):
+    pool = gpumm.MemoryPool(gpumm.Device(vidmem="64MiB"))
+    a = pool.alloc(3 * MiB)
+    b = pool.alloc(1000)
+    p = tmp_path / "pool.pickle"
+    write_snapshot(pool.snapshot(), p)
+    data = load_snapshot(p)  # plain data: loads with the refusing unpickler
+    assert {s["segment_type"] for s in data["segments"]} == {"small", "large"}
+    t = read_snapshot(p)
+    assert not t.has_history
+    assert t.start.reserved_bytes == pool.stats()["reserved_bytes"]
+    assert {blk[0] for blk in t.start.blocks} >= {a.ptr, b.ptr}
+    # no pickle opcode in it names a global
+    assert not any(op.name in ("GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ")
+                   for op, _, _ in pickletools.genops(p.read_bytes()))
+
+
+def test_read_trace_detects_formats(tmp_path):
+    p = tmp_path / "x.bin"
+    p.write_bytes(b"hello, world")
+    with pytest.raises(TraceFormatError, match="not a known trace format"):
+        read_trace(p)
+    p.write_bytes(pickle.dumps(small_snapshot()))
+    assert read_trace(p).format == "snapshot"
