@@ -16,7 +16,7 @@ def test_readme_has_examples():
 @pytest.mark.parametrize("i", range(len(BLOCKS)))
 def test_readme_block_runs(i, tmp_path, monkeypatch):
     code = BLOCKS[i]
-    if "read_rmm_csv" in code:
+    if "gpt2_train.csv.gz" in code:
         rows = ["Thread,Time,Action,Pointer,Size,Stream",
                 "1,00:00:00.000001,allocate,0x1000,3145728,0x0",
                 "1,00:00:00.000002,free,0x1000,3145728,0x0"]

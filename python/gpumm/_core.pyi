@@ -17,6 +17,9 @@ __all__ = [
     "MAX_VIDMEM",
     "GRANULE",
     "DEFAULT_SMALL_THRESHOLD",
+    "ALLOCATORS",
+    "replay",
+    "replay_min_capacity",
     "__version__",
 ]
 
@@ -25,6 +28,38 @@ ROOT_CHUNK_SIZE: int
 MAX_VIDMEM: int
 GRANULE: int
 DEFAULT_SMALL_THRESHOLD: int
+ALLOCATORS: list[str]
+
+_Start = tuple[list[tuple[int, int, int]], list[tuple[int, int, int, int, int]]]
+
+def replay(
+    model: str,
+    capacity: int,
+    actions: Any,
+    ids: Any,
+    sizes: Any,
+    streams: Any,
+    addrs: Any,
+    start: Optional[_Start] = None,
+    *,
+    peak_event: Optional[int] = None,
+    timeline_points: int = 600,
+    options: Optional[dict[str, Any]] = None,
+) -> dict[str, Any]: ...
+def replay_min_capacity(
+    model: str,
+    actions: Any,
+    ids: Any,
+    sizes: Any,
+    streams: Any,
+    addrs: Any,
+    start: Optional[_Start] = None,
+    *,
+    peak_live: int,
+    hi: int,
+    step: int,
+    options: Optional[dict[str, Any]] = None,
+) -> Optional[int]: ...
 
 _Size = Union[int, str]
 

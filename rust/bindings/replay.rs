@@ -11,10 +11,7 @@ use crate::replay::{self as engine, Action, CachingOptions, Event, StartState};
 
 /// Events from parallel arrays (uint64 buffers or lists): action codes (0 alloc, 1 free,
 /// 2 segment_alloc, 3 segment_free), ids, sizes, streams, addresses.
-fn events(
-    py: Python<'_>,
-    arrays: [&Bound<'_, PyAny>; 5],
-) -> PyResult<Vec<Event>> {
+fn events(py: Python<'_>, arrays: [&Bound<'_, PyAny>; 5]) -> PyResult<Vec<Event>> {
     let names = ["actions", "ids", "sizes", "streams", "addrs"];
     let cols: Vec<Vec<u64>> = arrays
         .iter()
@@ -23,17 +20,35 @@ fn events(
         .collect::<PyResult<_>>()?;
     let n = cols[0].len();
     if cols.iter().any(|c| c.len() != n) {
-        return Err(to_pyerr(py, Error::InvalidArgument("event arrays differ in length".into())));
+        return Err(to_pyerr(
+            py,
+            Error::InvalidArgument("event arrays differ in length".into()),
+        ));
     }
     (0..n)
         .map(|i| {
             let action = Action::from_code(cols[0][i]).ok_or_else(|| {
-                to_pyerr(py, Error::InvalidArgument(format!("event {i}: unknown action code {}", cols[0][i])))
+                to_pyerr(
+                    py,
+                    Error::InvalidArgument(format!(
+                        "event {i}: unknown action code {}",
+                        cols[0][i]
+                    )),
+                )
             })?;
             let id = u32::try_from(cols[1][i]).map_err(|_| {
-                to_pyerr(py, Error::InvalidArgument(format!("event {i}: id too large")))
+                to_pyerr(
+                    py,
+                    Error::InvalidArgument(format!("event {i}: id too large")),
+                )
             })?;
-            Ok(Event { action, id, size: cols[2][i], stream: cols[3][i], addr: cols[4][i] })
+            Ok(Event {
+                action,
+                id,
+                size: cols[2][i],
+                stream: cols[3][i],
+                addr: cols[4][i],
+            })
         })
         .collect()
 }
@@ -78,11 +93,20 @@ pub fn replay<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let ev = events(py, [actions, ids, sizes, streams, addrs])?;
     let opts = caching_options(options)?;
-    let start = start.map(|(segments, blocks)| StartState { segments, blocks }).unwrap_or_default();
+    let start = start
+        .map(|(segments, blocks)| StartState { segments, blocks })
+        .unwrap_or_default();
     let mut m = engine::model_by_name(model, capacity, opts).py_err(py)?;
     let t0 = std::time::Instant::now();
     let r = py.detach(|| {
-        engine::run(m.as_mut(), capacity, &start, &ev, peak_event.unwrap_or(usize::MAX), timeline_points)
+        engine::run(
+            m.as_mut(),
+            capacity,
+            &start,
+            &ev,
+            peak_event.unwrap_or(usize::MAX),
+            timeline_points,
+        )
     });
     let wall = t0.elapsed().as_secs_f64();
     let d = PyDict::new(py);
@@ -100,10 +124,21 @@ pub fn replay<'py>(
     d.set_item("addressed_allocs", r.addressed_allocs)?;
     d.set_item("preload_failed", r.preload_failed)?;
     d.set_item("seconds", wall)?;
-    d.set_item("events_per_second", if wall > 0.0 { r.events as f64 / wall } else { 0.0 })?;
+    d.set_item(
+        "events_per_second",
+        if wall > 0.0 {
+            r.events as f64 / wall
+        } else {
+            0.0
+        },
+    )?;
     d.set_item(
         "op_ns_mean",
-        if r.ops_timed > 0 { r.op_ns_total as f64 / r.ops_timed as f64 } else { 0.0 },
+        if r.ops_timed > 0 {
+            r.op_ns_total as f64 / r.ops_timed as f64
+        } else {
+            0.0
+        },
     )?;
     let ooms = PyList::empty(py);
     for o in &r.ooms {
@@ -145,9 +180,14 @@ pub fn replay_min_capacity(
     let opts = caching_options(options)?;
     engine::model_by_name(model, hi.max(step), opts).py_err(py)?; // a clear error for a bad name
     if step == 0 {
-        return Err(to_pyerr(py, Error::InvalidArgument("step must be positive".into())));
+        return Err(to_pyerr(
+            py,
+            Error::InvalidArgument("step must be positive".into()),
+        ));
     }
-    let start = start.map(|(segments, blocks)| StartState { segments, blocks }).unwrap_or_default();
+    let start = start
+        .map(|(segments, blocks)| StartState { segments, blocks })
+        .unwrap_or_default();
     let name = model.to_string();
     Ok(py.detach(|| {
         let make = |cap: u64| engine::model_by_name(&name, cap, opts).expect("known model");

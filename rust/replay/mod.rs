@@ -231,7 +231,8 @@ pub fn run(
         last_reserved = reserved;
     }
     r.final_reserved = model.reserved();
-    r.timeline.push((events.len() as u64, live, r.final_reserved));
+    r.timeline
+        .push((events.len() as u64, live, r.final_reserved));
     r
 }
 

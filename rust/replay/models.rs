@@ -366,7 +366,10 @@ impl Coalescing {
             self.free.remove(&(s, size, addr));
             self.blocks.remove(&addr);
         }
-        whole.into_iter().map(|(_, size, addr)| (addr, size)).collect()
+        whole
+            .into_iter()
+            .map(|(_, size, addr)| (addr, size))
+            .collect()
     }
 
     fn largest_free(&self) -> u64 {
@@ -374,7 +377,10 @@ impl Coalescing {
     }
 
     fn layout(&self) -> Vec<(u64, u64, bool)> {
-        self.blocks.iter().map(|(&a, b)| (a, b.size, !b.free)).collect()
+        self.blocks
+            .iter()
+            .map(|(&a, b)| (a, b.size, !b.free))
+            .collect()
     }
 
     fn free_bytes(&self) -> u64 {
@@ -683,14 +689,20 @@ impl Caching {
     /// Expandable segments: grow the (stream, pool) segment at its end until a free block at
     /// its end holds `size`; returns that block.
     fn grow_expandable(&mut self, size: u64, stream: u64, small: bool) -> Option<u64> {
-        let page = if small { K_SMALL_BUFFER } else { K_LARGE_BUFFER };
+        let page = if small {
+            K_SMALL_BUFFER
+        } else {
+            K_LARGE_BUFFER
+        };
         let seg = match self.expandable.get(&(stream, small)) {
             Some(&s) => s,
             None => {
                 let a = self.new_segment(page, stream, small)?;
                 self.insert_free(a);
                 self.expandable.insert((stream, small), a);
-                return self.find_free(stream, size, small).or_else(|| self.grow_expandable(size, stream, small));
+                return self
+                    .find_free(stream, size, small)
+                    .or_else(|| self.grow_expandable(size, stream, small));
             }
         };
         let seg_size = self.segments[&seg].size;
@@ -735,7 +747,11 @@ impl Caching {
         let segs: Vec<u64> = self.expandable.values().copied().collect();
         for seg in segs {
             let s = self.segments[&seg];
-            let page = if s.small { K_SMALL_BUFFER } else { K_LARGE_BUFFER };
+            let page = if s.small {
+                K_SMALL_BUFFER
+            } else {
+                K_LARGE_BUFFER
+            };
             let end = seg + s.size;
             let Some((&a, &b)) = self.blocks.range(seg..end).next_back() else {
                 continue;
@@ -853,7 +869,10 @@ impl Model for Caching {
     }
 
     fn layout(&self) -> Vec<(u64, u64, bool)> {
-        self.blocks.iter().map(|(&a, b)| (a, b.size, b.allocated)).collect()
+        self.blocks
+            .iter()
+            .map(|(&a, b)| (a, b.size, b.allocated))
+            .collect()
     }
 
     fn segment_hint(&mut self, addr: u64, size: u64) {

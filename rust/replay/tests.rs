@@ -24,7 +24,14 @@ fn free(id: u32) -> Event {
 
 fn replay(name: &str, cap: u64, events: &[Event]) -> Replay {
     let mut m = model_by_name(name, cap, CachingOptions::default()).unwrap();
-    run(m.as_mut(), cap, &StartState::default(), events, usize::MAX, 100)
+    run(
+        m.as_mut(),
+        cap,
+        &StartState::default(),
+        events,
+        usize::MAX,
+        100,
+    )
 }
 
 /// Two 3 MiB tensors alive at a time, 50 times over.
@@ -83,7 +90,12 @@ fn caching_rounding_and_split_rules() {
     assert_eq!(r.peak_reserved, 2 * MIB);
     // a 12 MiB request gets a 12 MiB segment, freed and reused by an 11 MiB one (no split:
     // the remainder would be 1 MiB, not more)
-    let ev = vec![alloc(0, 12 * MIB), free(0), alloc(1, 11 * MIB), alloc(2, MIB + 1)];
+    let ev = vec![
+        alloc(0, 12 * MIB),
+        free(0),
+        alloc(1, 11 * MIB),
+        alloc(2, MIB + 1),
+    ];
     let r = replay("caching", 1 << 30, &ev);
     assert_eq!(r.peak_reserved, 12 * MIB + 20 * MIB);
 }
@@ -151,7 +163,13 @@ fn preload_rebuilds_segments() {
 
 #[test]
 fn buddy_splits_and_merges() {
-    let ev = vec![alloc(0, 600), alloc(1, 600), free(0), free(1), alloc(2, 4 * MIB)];
+    let ev = vec![
+        alloc(0, 600),
+        alloc(1, 600),
+        free(0),
+        free(1),
+        alloc(2, 4 * MIB),
+    ];
     let r = replay("buddy", 8 * MIB, &ev);
     assert!(r.ooms.is_empty());
     assert_eq!(r.peak_reserved, 4 * MIB);
@@ -166,19 +184,40 @@ fn ooms_record_the_state() {
     let r = replay("driver", 8 * MIB, &ev);
     assert_eq!(r.ooms.len(), 1);
     let o = &r.ooms[0];
-    assert_eq!((o.event, o.size, o.live, o.reserved), (2, 3 * MIB, 6 * MIB, 6 * MIB));
+    assert_eq!(
+        (o.event, o.size, o.live, o.reserved),
+        (2, 3 * MIB, 6 * MIB, 6 * MIB)
+    );
 }
 
 #[test]
 fn min_capacity_bisects() {
     let ev = pairs();
-    for (name, want) in [("driver", 64 * MIB), ("caching", 64 * MIB), ("gpumm", 64 * MIB)] {
+    for (name, want) in [
+        ("driver", 64 * MIB),
+        ("caching", 64 * MIB),
+        ("gpumm", 64 * MIB),
+    ] {
         let make = |cap| model_by_name(name, cap, CachingOptions::default()).unwrap();
-        let c = min_capacity(&make, &StartState::default(), &ev, 6 * MIB, 1 << 30, 64 * MIB);
+        let c = min_capacity(
+            &make,
+            &StartState::default(),
+            &ev,
+            6 * MIB,
+            1 << 30,
+            64 * MIB,
+        );
         assert_eq!(c, Some(want), "{name}");
     }
     let make = |cap| model_by_name("driver", cap, CachingOptions::default()).unwrap();
-    let c = min_capacity(&make, &StartState::default(), &ev, 6 * MIB, 1 << 30, 2 * MIB);
+    let c = min_capacity(
+        &make,
+        &StartState::default(),
+        &ev,
+        6 * MIB,
+        1 << 30,
+        2 * MIB,
+    );
     assert_eq!(c, Some(6 * MIB));
 }
 
