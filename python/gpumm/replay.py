@@ -145,7 +145,8 @@ class Report:
     def to_json(self) -> Dict[str, Any]:
         """Plain data: per allocator the keys ``peak_live``, ``peak_reserved``, ``ooms``
         (a count), ``min_capacity`` (bytes, or null), ``ratio``, ``fragmentation_at_peak``,
-        ``events_per_second``, and ``address_match`` for the caching model on a snapshot."""
+        ``events_per_second``, ``op_ns_mean`` (an allocation's mean time, sampled), and
+        ``address_match`` for the caching model on a snapshot."""
         out: Dict[str, Any] = {
             "trace": self.source,
             "format": self.format,
@@ -166,6 +167,7 @@ class Report:
                 "min_capacity": r.min_capacity,
                 "fragmentation_at_peak": round(r.fragmentation_at_peak, 6),
                 "events_per_second": round(r.events_per_second),
+                "op_ns_mean": round(r.op_ns_mean, 1),
                 "first_oom": r.ooms[0] if r.ooms else None,
             }
             if r.address_match is not None:
