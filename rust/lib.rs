@@ -8,6 +8,7 @@ pub mod error;
 pub mod pmm;
 pub mod replay;
 pub mod units;
+pub mod uvm;
 
 #[cfg(feature = "python")]
 mod bindings;

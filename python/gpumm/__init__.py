@@ -34,9 +34,14 @@ __all__ = [
     "Eviction",
     "arch",
     "errors",
+    "policy",
+    "replay",
+    "uvm",
     "units",
     "parse_size",
     "format_size",
     "__version__",
     *errors.__all__,
 ]
+
+from gpumm import policy, replay, uvm  # noqa: E402 - modules that build on the names above

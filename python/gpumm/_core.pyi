@@ -18,6 +18,7 @@ __all__ = [
     "GRANULE",
     "DEFAULT_SMALL_THRESHOLD",
     "ALLOCATORS",
+    "Uvm",
     "replay",
     "replay_min_capacity",
     "__version__",
@@ -219,3 +220,40 @@ class Pool:
     def _enter_scope(self) -> int: ...
     def _scope_allocations(self, scope: int) -> list[Allocation]: ...
     def _exit_scope(self, scope: int) -> tuple[int, int, list[tuple[int, int]]]: ...
+
+@final
+class Uvm:
+    def __new__(
+        cls,
+        vidmem: _Size,
+        hbm_bw: float,
+        link_bw: float,
+        *,
+        prefetch: bool = True,
+        thrashing: bool = True,
+        fault_batch: int = 256,
+        replay: str = "batch",
+        prefetch_threshold: int = 51,
+        seed: int = 0,
+        costs: Optional[dict[str, float]] = None,
+    ) -> Uvm: ...
+    def alloc_managed(self, size: _Size) -> int: ...
+    def advise(self, range: int, advice: str, processor: str = "gpu") -> None: ...
+    def prefetch(self, range: int, processor: str = "gpu") -> dict[str, Any]: ...
+    def stripe(self, range: int, fraction: float) -> dict[str, Any]: ...
+    def run_kernel(
+        self,
+        range: int,
+        pattern: str = "streaming",
+        *,
+        processor: str = "gpu",
+        write: bool = False,
+        chunks: int = 1024,
+        touches: Optional[int] = None,
+        stride: int = 2,
+        pages: Optional[list[int]] = None,
+    ) -> dict[str, Any]: ...
+    def total(self) -> dict[str, Any]: ...
+    def vidmem_used(self) -> int: ...
+    def resident(self) -> tuple[int, int]: ...
+    def validate(self) -> None: ...

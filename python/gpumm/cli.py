@@ -291,6 +291,59 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
     return 0
 
 
+def cmd_uvm(args: argparse.Namespace, out: Console) -> int:
+    """Unified memory under oversubscription, on the model of the UVM driver."""
+    import json
+
+    from gpumm.uvm import FACTORS, MODES, PATTERNS, benchmark, summary
+
+    if args.sweep:
+        patterns = [args.pattern] if args.pattern_given else list(PATTERNS)
+        modes = [args.mode] if args.mode_given else list(MODES)
+        factors = [args.oversubscription] if args.factor_given else list(FACTORS)
+    else:
+        patterns, modes, factors = [args.pattern], [args.mode], [args.oversubscription]
+    runs = []
+    quiet = args.json == "-"
+    t0 = time.perf_counter()
+    for p in patterns:
+        for m in modes:
+            for f in factors:
+                r = benchmark(args.device, p, f, m, iterations=args.iterations,
+                              prefetch=not args.no_prefetch, vidmem=args.vidmem, seed=args.seed)
+                runs.append(r)
+                if not quiet and args.sweep:
+                    out.print(f"  {p} {m} {f}: {r['estimated_time_s']:.3g} s", highlight=False)
+    wall = time.perf_counter() - t0
+    rows = [summary(r) for r in runs]
+    if args.json:
+        text = json.dumps(rows if args.sweep else rows[0], indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    if quiet:
+        return 0
+    r0 = runs[0]
+    t = Table(box=box.SIMPLE_HEAD, title=f"unified memory on a {r0['device']} model "
+              f"({format_size(r0['vidmem'])} vidmem, prefetch {'on' if r0['prefetch'] else 'off'}, "
+              f"{r0['iterations']} kernels each)")
+    for col in ("pattern", "mode", "oversub.", "time", "GB/s", "faults", "H→D", "D→H",
+                "evictions", "thrashing pages", "throttles", "pins"):
+        t.add_column(col, justify="left" if col in ("pattern", "mode") else "right", no_wrap=True)
+    for r in runs:
+        t.add_row(r["pattern"], r["mode"], f"{r['oversubscription']:g}x",
+                  f"{r['estimated_time_s']:.3g} s", f"{r['bandwidth_gbs']:.1f}",
+                  f"{r['faults']:,}", format_size(r["bytes_h2d"]), format_size(r["bytes_d2h"]),
+                  f"{r['evictions']:,}", f"{r['thrashing_pages']:,}", f"{r['throttles']:,}",
+                  f"{r['pins']:,}")
+    out.print(t)
+    out.print(f"simulated {sum(r['accesses'] for r in runs):,} page accesses and "
+              f"{sum(r['faults'] for r in runs):,} faults in {wall:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpumm", description="GPU memory manager: tools and demos")
     sub = p.add_subparsers(dest="command", required=True)
@@ -311,14 +364,36 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", metavar="OUT", help="write the results as JSON ('-' for stdout only)")
     rp.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
     rp.add_argument("--no-min-capacity", action="store_true", help="skip the smallest-capacity search")
+    uv = sub.add_parser("uvm", help="unified memory under oversubscription (a model of the UVM driver)")
+    uv.add_argument("--device", default="h100", help="device preset (default h100)")
+    uv.add_argument("--vidmem", help="GPU memory to model instead of the preset's (e.g. 8GiB)")
+    uv.add_argument("--pattern", default=None, help="streaming, block_streaming or random_warp (default streaming)")
+    uv.add_argument("--mode", default=None, help="page_fault, zero_copy, prefetch or stripe (default page_fault)")
+    uv.add_argument("--oversubscription", type=float, default=None,
+                    help="working set / GPU memory (default 1.0)")
+    uv.add_argument("--iterations", type=int, default=2, help="kernels per run (default 2)")
+    uv.add_argument("--no-prefetch", action="store_true", help="turn the driver's prefetcher off")
+    uv.add_argument("--sweep", action="store_true",
+                    help="every pattern x mode x oversubscription 0.5, 0.9, 1.1, 1.25, 1.5 "
+                         "(fix any of them with its option)")
+    uv.add_argument("--seed", type=int, default=0)
+    uv.add_argument("--json", metavar="OUT", help="write results as JSON ('-' for stdout only)")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "uvm":
+        args.pattern_given = args.pattern is not None
+        args.mode_given = args.mode is not None
+        args.factor_given = args.oversubscription is not None
+        args.pattern = args.pattern or "streaming"
+        args.mode = args.mode or "page_fault"
+        args.oversubscription = args.oversubscription if args.factor_given else 1.0
     out = Console()
     try:
-        return {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay}[args.command](args, out)
+        commands = {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay, "uvm": cmd_uvm}
+        return commands[args.command](args, out)
     except (GpummError, OSError) as e:
         Console(stderr=True).print(f"[red]error:[/red] {e}")
         return 2

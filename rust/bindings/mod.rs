@@ -15,6 +15,7 @@ use crate::units;
 
 mod pool;
 mod replay;
+mod uvm;
 
 // ------------------------------------------------------------------------------------------
 // Errors: one conversion, to the classes defined in python/gpumm/errors.py.
@@ -542,6 +543,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEviction>()?;
     pool::register(m)?;
     replay::register(m)?;
+    uvm::register(m)?;
     m.add_function(wrap_pyfunction!(py_parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(py_format_size, m)?)?;
     m.add("ROOT_CHUNK_SIZE", pmm::ROOT_CHUNK_SIZE)?;
