@@ -65,7 +65,8 @@ def benchmark(device: Union[str, DeviceSpec] = "h100", pattern: str = "streaming
               validate: bool = False) -> Dict[str, Any]:
     """One run: the totals of the GPU kernels (setup excluded: the CPU's initialization, and
     the prefetch or striping of the modes that do it, are reported apart as ``setup``), the
-    effective bandwidth, and each kernel's figures."""
+    effective bandwidth, and each kernel's figures. ``validate``: check every invariant after
+    every fault batch and kernel (slow; for tests)."""
     if pattern not in PATTERNS:
         raise InvalidArgumentError(f"unknown pattern {pattern!r}; expected one of {PATTERNS}")
     if mode not in MODES:
@@ -73,7 +74,10 @@ def benchmark(device: Union[str, DeviceSpec] = "h100", pattern: str = "streaming
     if not oversubscription > 0 or iterations < 1:
         raise InvalidArgumentError("oversubscription must be positive and iterations at least 1")
     spec = _spec(device)
-    m = model(spec, vidmem, prefetch=prefetch, seed=seed, **({"costs": costs} if costs else {}))
+    opts: Dict[str, Any] = {"check": True} if validate else {}
+    if costs:
+        opts["costs"] = costs
+    m = model(spec, vidmem, prefetch=prefetch, seed=seed, **opts)
     cap = parse_size(vidmem) if vidmem is not None else spec.vidmem
     size = max(4096, int(cap * oversubscription) // 4096 * 4096)
     r = m.alloc_managed(size)

@@ -62,7 +62,8 @@ impl PyUvm {
     /// "batch" (default), "block" or "once".
     #[new]
     #[pyo3(signature = (vidmem, hbm_bw, link_bw, *, prefetch = true, thrashing = true,
-        fault_batch = 256, replay = "batch", prefetch_threshold = 51, seed = 0, costs = None))]
+        fault_batch = 256, replay = "batch", prefetch_threshold = 51, seed = 0, costs = None,
+        check = false))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
@@ -76,6 +77,7 @@ impl PyUvm {
         prefetch_threshold: u32,
         seed: u64,
         costs: Option<&Bound<'_, PyDict>>,
+        check: bool,
     ) -> PyResult<Self> {
         let vidmem = size_arg(py, vidmem, "vidmem")?;
         if hbm_bw <= 0.0 || link_bw <= 0.0 {
@@ -125,6 +127,7 @@ impl PyUvm {
         cfg.fault_batch = fault_batch;
         cfg.prefetch_threshold = prefetch_threshold;
         cfg.seed = seed;
+        cfg.check = check;
         cfg.replay = match replay {
             "batch" => ReplayPolicy::Batch,
             "block" => ReplayPolicy::Block,

@@ -106,6 +106,8 @@ pub struct UvmConfig {
     /// How long a pin lasts, in lapses (300).
     pub pin_lapses: u32,
     pub seed: u64,
+    /// Validate every invariant after every fault batch and prefetch (tests; slow).
+    pub check: bool,
 }
 
 impl UvmConfig {
@@ -123,6 +125,7 @@ impl UvmConfig {
             pin_threshold: 10,
             pin_lapses: 300,
             seed: 0,
+            check: false,
         }
     }
 }
@@ -930,6 +933,11 @@ impl Uvm {
         batch.blocks = blocks;
         batch.blocks.clear();
         batch.faults = 0;
+        if self.cfg.check {
+            if let Err(e) = self.validate() {
+                panic!("UVM invariant broken after a fault batch: {e}");
+            }
+        }
         if self.cfg.replay == ReplayPolicy::Batch {
             st.replays += 1;
             st.time_ns += c.replay_ns;
@@ -1011,6 +1019,18 @@ impl Uvm {
         }
         if self.vidmem_used() > self.cfg.vidmem {
             return Err("vidmem use above capacity".into());
+        }
+        let pmm = self.pmm.stats();
+        if pmm.allocated_bytes != self.vidmem_used() {
+            return Err(format!(
+                "the PMM has {} allocated but {} back managed pages",
+                pmm.allocated_bytes,
+                self.vidmem_used()
+            ));
+        }
+        let (g, _) = self.resident();
+        if g > self.vidmem_used() {
+            return Err("more GPU-resident bytes than vidmem backing them".into());
         }
         self.pmm.validate()
     }

@@ -4,7 +4,9 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 fn uvm(vidmem: u64) -> Uvm {
-    Uvm::new(UvmConfig::new(vidmem, Costs::new(3.35e12, 63e9))).unwrap()
+    let mut cfg = UvmConfig::new(vidmem, Costs::new(3.35e12, 63e9));
+    cfg.check = true; // every invariant after every fault batch
+    Uvm::new(cfg).unwrap()
 }
 
 fn gpu(range: u32, pattern: Pattern) -> Kernel {
