@@ -84,3 +84,79 @@ def test_core_work_releases_the_gil():
     # the ticker ran during the call: at least a third of the ticks it could have made
     assert len(inside) >= (t1 - t0) / 0.0005 / 3 - 2, (len(inside), t1 - t0)
     pool.free_batch(ptrs)
+
+
+def test_sixteen_threads_stress():
+    """16 threads on one host pool for a bounded time: mixed sizes, streams, stream-ordered
+    and immediate frees, synchronizations, batches. Every allocation carries its thread's
+    pattern (head and tail) and is checked before it is freed; afterwards validate(), and
+    no two live allocations overlap."""
+    pool = gpumm.MemoryPool(gpumm.Device(backend="host", vidmem="512MiB"))
+    errors = []
+    ops = [0] * 16
+    survivors = []
+    lock = threading.Lock()
+    stop = time.monotonic() + 3.0
+
+    def check(a, seed):
+        n = min(a.size, 256)
+        head = ctypes.string_at(a.ptr, n)
+        tail = ctypes.string_at(a.ptr + a.size - n, n)
+        if head != bytes([seed]) * n or tail != bytes([seed]) * n:
+            errors.append(f"thread {seed}: allocation at {a.ptr:#x} ({a.size} B) was overwritten")
+
+    def worker(seed):
+        rng = random.Random(seed)
+        mine = []
+        try:
+            while time.monotonic() < stop:
+                r = rng.random()
+                if len(mine) < 24 and r < 0.55:
+                    size = int(2 ** rng.uniform(4, 23))
+                    try:
+                        a = pool.alloc(size, rng.randrange(4), movable=rng.random() < 0.1)
+                    except gpumm.OutOfMemoryError:
+                        continue
+                    n = min(size, 256)
+                    ctypes.memset(a.ptr, seed, n)
+                    ctypes.memset(a.ptr + size - n, seed, n)
+                    mine.append(a)
+                elif mine and r < 0.97:
+                    a = mine.pop(rng.randrange(len(mine)))
+                    check(a, seed)
+                    if rng.random() < 0.4:
+                        a.free(stream=a.stream)
+                    else:
+                        a.free()
+                elif r < 0.985:
+                    pool.synchronize(rng.randrange(4))
+                else:
+                    ptrs = pool.alloc_batch([rng.randrange(1, 5000) for _ in range(8)])
+                    pool.free_batch(ptrs)
+                ops[seed - 1] += 1
+            with lock:
+                survivors.extend((a, seed) for a in mine)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"thread {seed}: {e!r}")
+
+    threads = [threading.Thread(target=worker, args=(i + 1,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    pool.synchronize()
+    pool.validate()
+    spans = sorted((a.ptr, a.ptr + a.size) for a, _ in survivors)
+    for (s0, e0), (s1, _) in zip(spans, spans[1:]):
+        assert e0 <= s1, "live allocations overlap"
+    for a, seed in survivors:
+        check(a, seed)
+        a.free()
+    assert not errors, errors[:5]
+    pool.validate()
+    s = pool.stats()
+    assert s["live_allocs"] == 0 and s["used_bytes"] == 0
+    assert sum(ops) > 5000
+    print(f"16-thread stress: {sum(ops)} operations, {s['allocs']} allocations, "
+          f"{s['stitched']} stitched")

@@ -37,6 +37,10 @@ __all__ = [
     "policy",
     "replay",
     "uvm",
+    "track",
+    "metrics_text",
+    "publish",
+    "LeakError",
     "units",
     "parse_size",
     "format_size",
@@ -45,3 +49,9 @@ __all__ = [
 ]
 
 from gpumm import policy, replay, uvm  # noqa: E402 - modules that build on the names above
+from gpumm.observe import LeakError, metrics_text, publish  # noqa: E402
+
+
+def track(pool: MemoryPool, on: bool = True) -> MemoryPool:
+    """Turns on leak tracking for ``pool`` (see :meth:`MemoryPool.tracking`)."""
+    return pool.tracking(on)

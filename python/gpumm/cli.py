@@ -344,6 +344,64 @@ def cmd_uvm(args: argparse.Namespace, out: Console) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace, out: Console) -> int:
+    """The out-of-memory checklist for a trace or a snapshot."""
+    from gpumm.doctor import diagnose_file
+
+    d = diagnose_file(args.trace, capacity=args.capacity)
+    out.print(f"[bold]gpumm doctor[/bold] {args.trace}")
+    for i, f in enumerate(d.findings, 1):
+        mark = "[green]→[/green]" if f.kind == "remedy" else " "
+        out.print(f"{i:2d}. {mark} {f.text}", highlight=False)
+    return 0
+
+
+def cmd_top(args: argparse.Namespace, out: Console) -> int:
+    """A live view of a process's pools, from the file gpumm.publish(path) writes."""
+    import json
+    import os
+
+    from rich.live import Live
+
+    def view() -> Table:
+        try:
+            with open(args.file) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            raise GpummError(f"cannot read {args.file}: {e}") from None
+        age = time.time() - data.get("time", 0)
+        heads = ["pool", "device", "live", "peak", "reserved", "free", "frag.", "allocs",
+                 "fails", "p99"]
+        rows = [[str(p["name"]), str(p["device"]), format_size(p["live_bytes"]),
+                 format_size(p["peak_live"]), format_size(p["reserved_bytes"]),
+                 format_size(p["free_bytes"]), f"{p['fragmentation']:.0%}", f"{p['allocs']:,}",
+                 f"{p['failures']:,}", f"{p['latency_p99_ns'] / 1e3:.1f}µs"]
+                for p in data.get("pools", [])]
+        t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), title=f"gpumm top: pid {data.get('pid')} "
+                  f"({age:.1f} s ago)", caption="Ctrl-C to quit")
+        for i, col in enumerate(heads):
+            width = max([len(col)] + [len(r[i]) for r in rows])
+            t.add_column(col, justify="left" if i < 2 else "right", no_wrap=True, min_width=width)
+        for r in rows:
+            t.add_row(*r)
+        return t
+
+    if not os.path.exists(args.file):
+        raise GpummError(f"{args.file} does not exist: call gpumm.publish({args.file!r}) in the "
+                         "process to watch")
+    if args.once:
+        out.print(view())
+        return 0
+    try:
+        with Live(view(), console=out, refresh_per_second=2) as live:
+            for _ in range(args.seconds) if args.seconds else iter(int, 1):
+                time.sleep(1.0)
+                live.update(view())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpumm", description="GPU memory manager: tools and demos")
     sub = p.add_subparsers(dest="command", required=True)
@@ -378,6 +436,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "(fix any of them with its option)")
     uv.add_argument("--seed", type=int, default=0)
     uv.add_argument("--json", metavar="OUT", help="write results as JSON ('-' for stdout only)")
+    dr = sub.add_parser("doctor", help="why a job ran out of memory (or reserved too much): a trace or snapshot")
+    dr.add_argument("trace", help="RMM log CSV, PyTorch snapshot pickle, or profiler JSON")
+    dr.add_argument("--capacity", help="device capacity for the replays (default: an H100's)")
+    tp = sub.add_parser("top", help="a live view of a process's pools (it calls gpumm.publish(FILE))")
+    tp.add_argument("file", help="the metrics file the process publishes")
+    tp.add_argument("--once", action="store_true", help="print one view and exit")
+    tp.add_argument("--seconds", type=int, default=0, help="stop after this many seconds")
     return p
 
 
@@ -392,7 +457,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.oversubscription = args.oversubscription if args.factor_given else 1.0
     out = Console()
     try:
-        commands = {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay, "uvm": cmd_uvm}
+        commands = {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay, "uvm": cmd_uvm,
+                    "doctor": cmd_doctor, "top": cmd_top}
         return commands[args.command](args, out)
     except (GpummError, OSError) as e:
         Console(stderr=True).print(f"[red]error:[/red] {e}")

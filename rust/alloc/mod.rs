@@ -1274,6 +1274,7 @@ impl Pool {
         if let Some(r) = self.reuse(req, units) {
             return Ok(r);
         }
+        let saved = (self.counters.clone(), self.free_pages.free_units());
         let a = self.new_slot();
         let layout = match self.place(units, a, false) {
             Some(l) => l,
@@ -1300,9 +1301,11 @@ impl Pool {
         let ptr = match self.address(layout) {
             Ok(p) => p,
             Err(e) => {
+                // The backend refused the mapping: undo the placement, give back any page
+                // taken for it, and leave the counters as they were (one failure counted).
                 self.unplace(layout);
                 self.vacant_allocs.push(a);
-                self.counters.failures += 1;
+                self.rollback(saved);
                 return Err(e);
             }
         };
@@ -1348,6 +1351,17 @@ impl Pool {
     /// Whether a free is quick (no scrub, no pages to give back): see `try_alloc_quick`.
     pub fn frees_are_quick(&self) -> bool {
         !self.cfg.scrub && self.cfg.release_threshold.is_none()
+    }
+
+    /// After a refused request: free pages back to `free_before`, counters as `saved` but
+    /// for one more failure.
+    fn rollback(&mut self, (saved, free_before): (Counters, u64)) {
+        self.release_pages(free_before * self.cfg.page_size);
+        let failures = self.counters.failures;
+        let calls = self.counters.calls;
+        self.counters = saved;
+        self.counters.failures = failures + 1;
+        self.counters.calls = calls;
     }
 
     fn place(&mut self, units: u64, a: u32, relaxed: bool) -> Option<Layout> {
@@ -1628,10 +1642,8 @@ impl Pool {
                 let _ = self.free(id);
             }
             out.truncate(start);
-            self.release_pages(free_pages_before * self.cfg.page_size);
-            let failures = self.counters.failures;
-            self.counters = saved;
-            self.counters.failures = failures;
+            self.counters.failures -= 1; // the failed request inside counted it already
+            self.rollback((saved, free_pages_before));
         }
         self.cfg.check = check;
         self.check();
@@ -1836,8 +1848,16 @@ impl Pool {
                 let old = self.allocs[a as usize].ptr;
                 let new =
                     self.direct_addr(self.blocks[nb as usize].page, self.blocks[nb as usize].off);
-                let r = self.dev.backend.copy(new, old, len as u64 * GRANULE);
-                debug_assert!(r.is_ok(), "defrag copy failed: {r:?}");
+                if self
+                    .dev
+                    .backend
+                    .copy(new, old, len as u64 * GRANULE)
+                    .is_err()
+                {
+                    // the data could not move: this allocation stays where it is
+                    self.release_block(nb);
+                    break;
+                }
                 let x = &mut self.allocs[a as usize];
                 x.ptr = new;
                 x.layout = Layout::Block(nb);

@@ -541,3 +541,76 @@ fn churn_for_profiler() {
         t.elapsed().as_nanos() as f64 / n as f64
     );
 }
+
+/// Fault injection: for every N, the N-th reserve/map/copy of the backend fails. Every
+/// operation either completes or returns an error with the pool exactly as it was: same
+/// statistics (but the failure count), same pages, `validate` passes.
+#[test]
+fn injected_backend_failures_change_nothing() {
+    use crate::backend::Faulty;
+    let mut injected = 0;
+    for fail_at in 1..=40u64 {
+        let d = device(64 * MIB);
+        let dev = Arc::new(Device {
+            pmm: d.pmm.clone(),
+            backend: Arc::new(Faulty::new(
+                Box::new(Simulated::new(64 * MIB, 2 * MIB).unwrap()),
+                fail_at,
+            )),
+        });
+        let mut cfg = PoolConfig::new(2 * MIB);
+        cfg.check = true;
+        let Ok(mut p) = Pool::new(dev, cfg) else {
+            injected += 1; // the window reservation failed: no pool, nothing held
+            assert_eq!(d.pmm.lock().stats().allocated_bytes, 0);
+            continue;
+        };
+        let mut live = vec![];
+        let movable = |size| Request {
+            size,
+            movable: true,
+            ..Request::default()
+        };
+        // A scenario that maps (stitched allocations) and copies (defrag).
+        for step in 0..30u64 {
+            let size = match step % 3 {
+                0 => 2 * MIB,
+                1 => 5 * MIB + 4096,
+                _ => 64 * KIB,
+            };
+            let before = (p.stats(), p.page_snapshot());
+            match p.alloc(movable(size)) {
+                Ok((id, _)) => live.push(id),
+                Err(Error::OutOfMemory(m)) => {
+                    if m.contains("injected") {
+                        injected += 1;
+                    }
+                    let after = (p.stats(), p.page_snapshot());
+                    let mut b = before.0.clone();
+                    b.failures = after.0.failures;
+                    b.success_rate = after.0.success_rate;
+                    b.latency_samples = after.0.latency_samples;
+                    b.latency_mean_ns = after.0.latency_mean_ns;
+                    b.latency_p50_ns = after.0.latency_p50_ns;
+                    b.latency_p99_ns = after.0.latency_p99_ns;
+                    assert_eq!(b, after.0, "fail_at {fail_at}, step {step}");
+                    assert_eq!(before.1, after.1);
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+            if step % 4 == 3 && live.len() > 2 {
+                p.free(live.remove(1)).unwrap();
+            }
+            p.validate().unwrap();
+        }
+        let r = p.defrag().unwrap();
+        let _ = r;
+        p.validate().unwrap();
+        for id in live {
+            p.free(id).unwrap();
+        }
+        p.validate().unwrap();
+    }
+    eprintln!("fault injection: {injected} failures injected over 40 runs");
+    assert!(injected >= 10, "only {injected} failures were injected");
+}

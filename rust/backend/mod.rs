@@ -123,3 +123,75 @@ impl Backend for Simulated {
     }
     fn discard(&self, _phys: u64, _len: u64) {}
 }
+
+/// A backend that fails on purpose: the `fail_at`-th call (counting from 1) of `reserve`,
+/// `map` or `copy` returns an error, every other call goes to `inner`. For fault-injection
+/// tests.
+pub struct Faulty {
+    pub inner: Box<dyn Backend>,
+    pub fail_at: AtomicU64,
+    pub calls: AtomicU64,
+}
+
+impl Faulty {
+    pub fn new(inner: Box<dyn Backend>, fail_at: u64) -> Self {
+        Faulty {
+            inner,
+            fail_at: AtomicU64::new(fail_at),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    fn trip(&self, what: &str) -> Result<()> {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if n == self.fail_at.load(Ordering::Relaxed) {
+            Err(Error::OutOfMemory(format!(
+                "injected failure of {what} (call {n})"
+            )))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Backend for Faulty {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capacity(&self) -> u64 {
+        self.inner.capacity()
+    }
+    fn granularity(&self) -> u64 {
+        self.inner.granularity()
+    }
+    fn has_bytes(&self) -> bool {
+        self.inner.has_bytes()
+    }
+    fn direct_base(&self) -> u64 {
+        self.inner.direct_base()
+    }
+    fn reserve(&self, len: u64) -> Result<u64> {
+        self.trip("reserve")?;
+        self.inner.reserve(len)
+    }
+    fn unreserve(&self, base: u64, len: u64) {
+        self.inner.unreserve(base, len)
+    }
+    fn map(&self, va: u64, phys: u64, len: u64) -> Result<()> {
+        self.trip("map")?;
+        self.inner.map(va, phys, len)
+    }
+    fn unmap(&self, va: u64, len: u64) -> Result<()> {
+        self.inner.unmap(va, len)
+    }
+    fn copy(&self, dst: u64, src: u64, len: u64) -> Result<()> {
+        self.trip("copy")?;
+        self.inner.copy(dst, src, len)
+    }
+    fn zero(&self, va: u64, len: u64) -> Result<()> {
+        self.inner.zero(va, len)
+    }
+    fn discard(&self, phys: u64, len: u64) {
+        self.inner.discard(phys, len)
+    }
+}

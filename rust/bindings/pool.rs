@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -136,6 +136,7 @@ pub struct PyPool {
     id: u64,
     has_bytes: bool,
     on_failure: Option<Py<PyAny>>,
+    tracking: AtomicBool,
 }
 
 impl PyPool {
@@ -261,6 +262,7 @@ impl PyPool {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             has_bytes,
             on_failure,
+            tracking: AtomicBool::new(false),
         })
     }
 
@@ -287,59 +289,79 @@ impl PyPool {
 
     /// Allocates `nbytes` (an int ≥ 1 or a size string) for work on `stream`. On failure the
     /// `on_failure` callback, if any, is called with the size and the request is retried
-    /// while it returns True (at most 100 times); then `OutOfMemoryError`.
-    #[pyo3(signature = (nbytes, stream = 0, *, movable = false))]
+    /// while it returns True (at most 100 times); then `OutOfMemoryError`, with the pool's
+    /// diagnosis. `tag` names the allocation in leak reports and snapshots (kept while
+    /// tracking is on).
+    #[pyo3(signature = (nbytes, stream = 0, *, movable = false, tag = None))]
     fn alloc(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         nbytes: &Bound<'_, PyAny>,
         stream: u64,
         movable: bool,
+        tag: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyAllocation> {
+        let py = slf.py();
+        let this = slf.get();
         let size = size_arg(py, nbytes, "nbytes")?;
         let req = Request {
             size,
             stream,
             movable,
-            scope: current_scope(self.id),
+            scope: current_scope(this.id),
         };
-        let made = |id, ptr| PyAllocation {
-            pool: self.inner.clone(),
-            pool_id: self.id,
-            has_bytes: self.has_bytes,
-            id,
-            ptr: AtomicU64::new(ptr),
-            size,
-            stream,
-            movable,
+        let made = |id, ptr| -> PyResult<PyAllocation> {
+            let a = PyAllocation {
+                pool: this.inner.clone(),
+                pool_id: this.id,
+                has_bytes: this.has_bytes,
+                id,
+                ptr: AtomicU64::new(ptr),
+                size,
+                stream,
+                movable,
+            };
+            if this.tracking.load(Ordering::Relaxed) {
+                let obj = Py::new(py, a)?;
+                slf.call_method1("_on_alloc", (obj.clone_ref(py), tag))?;
+                return Ok(obj.borrow(py).clone_handle());
+            }
+            Ok(a)
         };
         // Quick path under the GIL: an uncontended lock and a request the held pages serve.
-        let quick = self
+        let quick = this
             .inner
             .try_lock()
             .and_then(|mut p| p.try_alloc_quick(req));
         match quick {
-            Some(Ok((id, ptr))) => return Ok(made(id, ptr)),
+            Some(Ok((id, ptr))) => return made(id, ptr),
             Some(Err(e)) => return Err(to_pyerr(py, e)),
             None => {}
         }
         let mut tries = 0;
         loop {
-            match self.with(py, |p| p.alloc(req)) {
-                Ok((id, ptr)) => return Ok(made(id, ptr)),
-                Err(e @ Error::OutOfMemory(_)) => {
-                    let retry = match &self.on_failure {
+            match this.with(py, |p| p.alloc(req)) {
+                Ok((id, ptr)) => return made(id, ptr),
+                Err(Error::OutOfMemory(msg)) => {
+                    let retry = match &this.on_failure {
                         Some(cb) if tries < 100 => cb.call1(py, (size,))?.is_truthy(py)?,
                         _ => false,
                     };
                     if !retry {
-                        return Err(to_pyerr(py, e));
+                        // The Python side turns the core's message into an OutOfMemoryError
+                        // that carries the diagnosis.
+                        let exc = slf.call_method1("_oom_error", (size, msg))?;
+                        return Err(PyErr::from_value(exc));
                     }
                     tries += 1;
                 }
                 Err(e) => return Err(to_pyerr(py, e)),
             }
         }
+    }
+
+    /// Turns on (or off) the call of `_on_alloc(allocation, tag)` after each allocation.
+    fn _set_tracking(&self, on: bool) {
+        self.tracking.store(on, Ordering::Relaxed);
     }
 
     /// Frees an `Allocation` of this pool or the allocation at an int pointer. With a
@@ -641,6 +663,20 @@ pub struct PyAllocation {
 }
 
 impl PyAllocation {
+    /// Another handle to the same allocation (same pool, id and address).
+    fn clone_handle(&self) -> PyAllocation {
+        PyAllocation {
+            pool: self.pool.clone(),
+            pool_id: self.pool_id,
+            has_bytes: self.has_bytes,
+            id: self.id,
+            ptr: AtomicU64::new(self.ptr.load(Ordering::Relaxed)),
+            size: self.size,
+            stream: self.stream,
+            movable: self.movable,
+        }
+    }
+
     fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Pool) -> T + Send) -> T {
         let pool = &self.pool;
         py.detach(|| f(&mut pool.lock()))

@@ -40,13 +40,20 @@ __all__ = [
 def read_trace(path: Union[str, "os.PathLike[str]"]) -> Trace:
     """Reads an RMM CSV, a PyTorch snapshot pickle or a profiler JSON, by its first bytes."""
     name = os.fspath(path)
-    with open(name, "rb") as f:
-        head = f.read(4096)
+    try:
+        with open(name, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        raise TraceFormatError(f"{name}: cannot read: {e.strerror or e}") from None
     if head[:2] == b"\x1f\x8b":
         import gzip
+        import zlib
 
-        with gzip.open(name, "rb") as g:
-            head = g.read(4096)
+        try:
+            with gzip.open(name, "rb") as g:
+                head = g.read(4096)
+        except (OSError, EOFError, zlib.error) as e:
+            raise TraceFormatError(f"{name}: corrupt gzip data: {e}") from None
     text = head.lstrip()
     if head[:1] == b"\x80":
         return read_snapshot(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from typing import Any, List, Optional, Union
 
 from gpumm.errors import TraceFormatError
@@ -23,13 +24,16 @@ def read_profiler_json(
     """The memory events of ``device_type`` (1: CUDA, 0: CPU; None: the one with the most
     events) and ``device_id``, in time order."""
     name = os.fspath(path)
-    with open(name, "rb") as f:
-        raw = f.read()
+    try:
+        with open(name, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise TraceFormatError(f"{name}: cannot read: {e.strerror or e}") from None
     try:
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
         data: Any = json.loads(raw)
-    except (OSError, EOFError, ValueError) as e:
+    except (OSError, EOFError, ValueError, zlib.error, RecursionError) as e:
         raise TraceFormatError(f"{name}: not readable JSON: {e}") from None
     items = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(items, list):

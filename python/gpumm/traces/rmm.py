@@ -12,6 +12,7 @@ import csv
 import gzip
 import io
 import os
+import zlib
 from typing import Iterator, List, Tuple, Union
 
 from gpumm.errors import TraceFormatError
@@ -47,7 +48,7 @@ def _rows(path: Union[str, "os.PathLike[str]"]) -> Iterator[Tuple[int, List[str]
             reader = csv.reader(f)
             for row in reader:
                 yield reader.line_num, row
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error, zlib.error) as e:
         raise TraceFormatError(f"{name}: cannot read as an RMM log ({type(e).__name__}: {e})") from None
 
 
