@@ -1,0 +1,108 @@
+"""Runs the peer benchmarks (criterion and pytest-benchmark, peers in the same run) and the
+fill-to-failure measure, and prints one table of ratios (gpumm ÷ peer, per scenario).
+
+    python benches/compare.py            # a table
+    python benches/compare.py --json     # the same as JSON
+    python benches/compare.py --quick    # shorter measurements
+
+Needs a Rust toolchain and the test extra (pip install ".[test]"); tlsfallocator and
+virtual-allocator are installed from PyPI if missing (a peer that cannot be is left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def criterion(quick: bool) -> Dict[Tuple[str, str], float]:
+    """Median ns of each (group, allocator) of benches/peers.rs."""
+    extra = ["--warm-up-time", "1", "--measurement-time", "2"] if quick else []
+    subprocess.run(["cargo", "bench", "--no-default-features", "--bench", "peers", "--", *extra],
+                   cwd=ROOT, check=True, capture_output=True)
+    out = {}
+    base = ROOT / "target" / "criterion"
+    for est in base.glob("peers-*/*/new/estimates.json"):
+        group, name = est.parts[-4], est.parts[-3]
+        out[(group, name)] = json.loads(est.read_text())["median"]["point_estimate"]
+    return out
+
+
+def fill() -> List[Tuple[str, float]]:
+    r = subprocess.run(["cargo", "bench", "--no-default-features", "--bench", "fill"], cwd=ROOT,
+                       check=True, capture_output=True, text=True)
+    rows = []
+    for line in r.stdout.splitlines():
+        m = re.match(r"\| (.+?) \| .* \| ([0-9.]+) % \|$", line)
+        if m:
+            rows.append((m.group(1), float(m.group(2))))
+    return rows
+
+
+def python_peers(quick: bool) -> Dict[str, float]:
+    """Median ns per pair of benches/test_peers_bench.py, by allocator."""
+    for pkg in ("TLSFAllocator", "virtual-allocator"):
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", pkg], capture_output=True)
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "b.json"
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "benches/test_peers_bench.py",
+                        "--benchmark-enable", f"--benchmark-json={out}", "-p", "no:randomly"],
+                       cwd=ROOT, check=True, capture_output=True)
+        data = json.loads(out.read_text())
+    return {b["extra_info"]["allocator"]: b["stats"]["median"] * 1e9 for b in data["benchmarks"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    rust = criterion(args.quick)
+    py = python_peers(args.quick)
+    fills = fill()
+    rows = []
+    for group in ("peers-churn", "peers-fixed-1KiB"):
+        g = rust.get((group, "gpumm"))
+        for (grp, name), ns in sorted(rust.items()):
+            if grp == group and name != "gpumm" and g:
+                rows.append({"scenario": f"Rust {group[6:]}", "peer": name, "gpumm_ns": g,
+                             "peer_ns": ns, "ratio": g / ns})
+    null = py.get("null", 0.0)
+    g = py.get("gpumm")
+    for name, ns in sorted(py.items()):
+        if name in ("gpumm", "null") or name.startswith("gpumm alloc_batch") or not g:
+            continue
+        rows.append({"scenario": "Python churn (net of the loop)", "peer": name,
+                     "gpumm_ns": g - null, "peer_ns": ns - null, "ratio": (g - null) / (ns - null)})
+    batch = py.get("gpumm alloc_batch (1024)")
+    if batch and g:
+        rows.append({"scenario": "Python alloc_batch vs single calls", "peer": "gpumm single",
+                     "gpumm_ns": batch / 1024, "peer_ns": g - null, "ratio": batch / 1024 / (g - null)})
+    gp = dict(fills)
+    for name, pct in fills:
+        if not name.startswith("gpumm"):
+            for gname in ("gpumm (2 MiB pages)", "gpumm (64 KiB pages)"):
+                rows.append({"scenario": f"fill to failure, % in use {gname[6:]}", "peer": name,
+                             "gpumm_ns": gp[gname], "peer_ns": pct, "ratio": gp[gname] / pct})
+    if args.json:
+        print(json.dumps({"rows": rows, "rust_ns": {f"{k[0]}/{k[1]}": v for k, v in rust.items()},
+                          "python_ns": py, "fill_percent": dict(fills)}, indent=2))
+        return 0
+    print(f"{'scenario':44} {'peer':22} {'gpumm':>10} {'peer':>10} {'gpumm/peer':>10}")
+    for r in rows:
+        unit = "%" if "fill" in r["scenario"] else "ns"
+        print(f"{r['scenario']:44} {r['peer']:22} {r['gpumm_ns']:9.1f}{unit:1} "
+              f"{r['peer_ns']:9.1f}{unit:1} {r['ratio']:10.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+//! Fragmentation as performance (issue 7): fill an 80 GiB device with log-uniform sizes from
+//! 256 B to 64 MiB, freeing a random live allocation with probability 0.45 at each step, and
+//! report the bytes in use at the first failure (higher is better), for gpumm and its peers,
+//! on the same random stream. Run: `cargo bench --no-default-features --bench fill`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+use _core::alloc::{Device, Pool, PoolConfig, Request};
+use _core::backend::Simulated;
+use _core::pmm::{Pmm, PmmConfig, SizeMask};
+use _core::replay::{model_by_name, CachingOptions};
+
+const K: u64 = 1024;
+const M: u64 = 1024 * K;
+const G: u64 = 1024 * M;
+const CAP: u64 = 80 * G;
+
+trait Filler {
+    /// Returns a handle, or None at the first failure.
+    fn alloc(&mut self, size: u64) -> Option<u64>;
+    fn free(&mut self, h: u64);
+}
+
+struct Gpumm(Pool, Vec<_core::alloc::AllocId>);
+impl Filler for Gpumm {
+    fn alloc(&mut self, size: u64) -> Option<u64> {
+        let (id, _) = self
+            .0
+            .alloc(Request {
+                size,
+                ..Request::default()
+            })
+            .ok()?;
+        self.1.push(id);
+        Some(self.1.len() as u64 - 1)
+    }
+    fn free(&mut self, h: u64) {
+        self.0.free(self.1[h as usize]).unwrap();
+    }
+}
+
+struct Offset(
+    offset_allocator::Allocator,
+    Vec<offset_allocator::Allocation>,
+);
+impl Filler for Offset {
+    fn alloc(&mut self, size: u64) -> Option<u64> {
+        let a = self.0.allocate(size.div_ceil(256) as u32)?;
+        self.1.push(a);
+        Some(self.1.len() as u64 - 1)
+    }
+    fn free(&mut self, h: u64) {
+        self.0.free(self.1[h as usize]);
+    }
+}
+
+/// A plain coalescing best fit over one contiguous range (a sorted free map).
+struct BestFit {
+    by_addr: BTreeMap<u64, u64>,
+    by_size: std::collections::BTreeSet<(u64, u64)>,
+    live: Vec<(u64, u64)>,
+}
+impl BestFit {
+    fn new() -> Self {
+        let mut b = BestFit {
+            by_addr: BTreeMap::new(),
+            by_size: Default::default(),
+            live: vec![],
+        };
+        b.by_addr.insert(0, CAP);
+        b.by_size.insert((CAP, 0));
+        b
+    }
+}
+impl Filler for BestFit {
+    fn alloc(&mut self, size: u64) -> Option<u64> {
+        let size = size.div_ceil(256) * 256;
+        let &(len, addr) = self.by_size.range((size, 0)..).next()?;
+        self.by_size.remove(&(len, addr));
+        self.by_addr.remove(&addr);
+        if len > size {
+            self.by_addr.insert(addr + size, len - size);
+            self.by_size.insert((len - size, addr + size));
+        }
+        self.live.push((addr, size));
+        Some(self.live.len() as u64 - 1)
+    }
+    fn free(&mut self, h: u64) {
+        let (mut addr, mut len) = self.live[h as usize];
+        if let Some((&na, &nl)) = self.by_addr.range(addr + len..).next() {
+            if na == addr + len {
+                self.by_addr.remove(&na);
+                self.by_size.remove(&(nl, na));
+                len += nl;
+            }
+        }
+        if let Some((&pa, &pl)) = self.by_addr.range(..addr).next_back() {
+            if pa + pl == addr {
+                self.by_addr.remove(&pa);
+                self.by_size.remove(&(pl, pa));
+                addr = pa;
+                len += pl;
+            }
+        }
+        self.by_addr.insert(addr, len);
+        self.by_size.insert((len, addr));
+    }
+}
+
+struct Model(Box<dyn _core::replay::Model>, u32);
+impl Filler for Model {
+    fn alloc(&mut self, size: u64) -> Option<u64> {
+        self.1 += 1;
+        self.0.alloc(self.1, size, 0).map(|_| self.1 as u64)
+    }
+    fn free(&mut self, h: u64) {
+        self.0.free(h as u32);
+    }
+}
+
+fn fill(f: &mut dyn Filler, seed: u64) -> (f64, u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut live: Vec<(u64, u64)> = vec![];
+    let mut in_use = 0u64;
+    let mut steps = 0u64;
+    loop {
+        steps += 1;
+        if !live.is_empty() && rng.gen_bool(0.45) {
+            let (h, s) = live.swap_remove(rng.gen_range(0..live.len()));
+            f.free(h);
+            in_use -= s;
+            continue;
+        }
+        let size = 2f64.powf(rng.gen_range(8.0..26.0)) as u64;
+        match f.alloc(size) {
+            Some(h) => {
+                live.push((h, size));
+                in_use += size;
+            }
+            None => return (in_use as f64 / CAP as f64, steps),
+        }
+    }
+}
+
+fn gpumm(page: u64) -> Gpumm {
+    let mut c = PmmConfig::new(
+        CAP,
+        SizeMask::from_sizes(&[4 * K, 64 * K, 2 * M]).unwrap(),
+        SizeMask::from_sizes(&[256, 4 * K, 64 * K, 2 * M]).unwrap(),
+    );
+    c.check = false;
+    let dev = Arc::new(Device {
+        pmm: Arc::new(Mutex::new(Pmm::new(c).unwrap())),
+        backend: Arc::new(Simulated::new(CAP, page).unwrap()),
+    });
+    Gpumm(Pool::new(dev, PoolConfig::new(page)).unwrap(), vec![])
+}
+
+fn main() {
+    let seeds = [1u64, 2, 3];
+    type Make = Box<dyn Fn() -> Box<dyn Filler>>;
+    let rows: Vec<(&str, Make)> = vec![
+        ("gpumm (2 MiB pages)", Box::new(|| Box::new(gpumm(2 * M)))),
+        ("gpumm (64 KiB pages)", Box::new(|| Box::new(gpumm(64 * K)))),
+        (
+            "offset-allocator",
+            Box::new(|| {
+                Box::new(Offset(
+                    offset_allocator::Allocator::new((CAP / 256) as u32),
+                    vec![],
+                ))
+            }),
+        ),
+        ("best fit", Box::new(|| Box::new(BestFit::new()))),
+        (
+            "buddy",
+            Box::new(|| {
+                Box::new(Model(
+                    model_by_name("buddy", CAP, CachingOptions::default()).unwrap(),
+                    0,
+                ))
+            }),
+        ),
+    ];
+    println!("| allocator | in use at the first failure (seeds {seeds:?}) | mean |");
+    println!("|---|---|---|");
+    for (name, make) in rows {
+        let r: Vec<f64> = seeds.iter().map(|&s| fill(make().as_mut(), s).0).collect();
+        let mean = r.iter().sum::<f64>() / r.len() as f64;
+        let each: Vec<String> = r.iter().map(|x| format!("{:.2} %", x * 100.0)).collect();
+        println!("| {name} | {} | {:.2} % |", each.join(", "), mean * 100.0);
+    }
+}

@@ -1,0 +1,188 @@
+//! gpumm against the allocators people would pick instead, on the same operation streams, in
+//! one criterion run (issue 7). Peers are dev-dependencies only:
+//! - `offset-allocator`: the Rust port of sebbbi's OffsetAllocator (O(1) bins, 32-bit offsets);
+//!   it manages offsets in units; here 256 B units, like gpumm's granules.
+//! - `rlsf`: TLSF with its metadata in band, so it needs real memory: it manages a 16 GiB
+//!   anonymous mapping (MAP_NORESERVE; only block headers are ever touched).
+//!
+//! Streams: `churn` (2048 live allocations of log-uniform sizes 256 B – 64 MiB; each step frees
+//! a random one of the churning half and allocates a new size: one alloc + free pair) and
+//! `fixed` (a 1 KiB pair on a warm allocator). gpumm runs on an 80 GiB simulated device.
+//! `python benches/compare.py` prints the ratios.
+
+#![allow(unsafe_code)]
+
+use std::alloc::Layout;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use parking_lot::Mutex;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::hint::black_box;
+
+use _core::alloc::{AllocId, Device, Pool, PoolConfig, Request};
+use _core::backend::Simulated;
+use _core::pmm::{Pmm, PmmConfig, SizeMask};
+
+const K: u64 = 1024;
+const M: u64 = 1024 * K;
+const G: u64 = 1024 * M;
+
+trait Peer {
+    type H: Copy;
+    fn alloc(&mut self, size: u64) -> Option<Self::H>;
+    fn free(&mut self, h: Self::H);
+}
+
+struct Gpumm(Pool);
+
+impl Gpumm {
+    fn new() -> Self {
+        let mut c = PmmConfig::new(
+            80 * G,
+            SizeMask::from_sizes(&[4 * K, 64 * K, 2 * M]).unwrap(),
+            SizeMask::from_sizes(&[256, 4 * K, 64 * K, 2 * M]).unwrap(),
+        );
+        c.check = false;
+        let dev = Arc::new(Device {
+            pmm: Arc::new(Mutex::new(Pmm::new(c).unwrap())),
+            backend: Arc::new(Simulated::new(80 * G, 2 * M).unwrap()),
+        });
+        Gpumm(Pool::new(dev, PoolConfig::new(2 * M)).unwrap())
+    }
+}
+
+impl Peer for Gpumm {
+    type H = AllocId;
+    fn alloc(&mut self, size: u64) -> Option<AllocId> {
+        self.0
+            .alloc(Request {
+                size,
+                ..Request::default()
+            })
+            .ok()
+            .map(|r| r.0)
+    }
+    fn free(&mut self, h: AllocId) {
+        self.0.free(h).unwrap();
+    }
+}
+
+struct Offset(offset_allocator::Allocator);
+
+impl Peer for Offset {
+    type H = offset_allocator::Allocation;
+    fn alloc(&mut self, size: u64) -> Option<Self::H> {
+        self.0.allocate(size.div_ceil(256) as u32)
+    }
+    fn free(&mut self, h: Self::H) {
+        self.0.free(h);
+    }
+}
+
+type RTlsf = rlsf::Tlsf<'static, u32, u32, 30, 32>;
+
+struct Rlsf(RTlsf);
+
+impl Rlsf {
+    fn new() -> Self {
+        let len = 16 * G as usize;
+        // SAFETY: a fresh private anonymous mapping that nothing else uses; it lives for the
+        // rest of the process (leaked on purpose: the allocator borrows it for 'static).
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        // SAFETY: the mapping is valid for `len` bytes and handed to the allocator only.
+        let pool: &'static mut [MaybeUninit<u8>] =
+            unsafe { std::slice::from_raw_parts_mut(base as *mut MaybeUninit<u8>, len) };
+        let mut t = RTlsf::new();
+        t.insert_free_block(pool);
+        Rlsf(t)
+    }
+}
+
+impl Peer for Rlsf {
+    type H = NonNull<u8>;
+    fn alloc(&mut self, size: u64) -> Option<NonNull<u8>> {
+        self.0
+            .allocate(Layout::from_size_align(size as usize, 256).unwrap())
+    }
+    fn free(&mut self, h: NonNull<u8>) {
+        // SAFETY: `h` came from `allocate` of this allocator with alignment 256, freed once.
+        unsafe { self.0.deallocate(h, 256) };
+    }
+}
+
+fn log_uniform(n: usize, seed: u64) -> Vec<u64> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| 2f64.powf(rng.gen_range(8.0..26.0)) as u64)
+        .collect()
+}
+
+fn churn<P: Peer>(c: &mut Criterion, name: &str, mut p: P) {
+    let mut g = c.benchmark_group("peers-churn");
+    g.throughput(Throughput::Elements(1));
+    let live_n = 2048;
+    let mut live: Vec<P::H> = log_uniform(live_n, 1)
+        .into_iter()
+        .map(|s| p.alloc(s).expect("the live set fits"))
+        .collect();
+    let sizes = log_uniform(1 << 16, 2);
+    let mut rng = StdRng::seed_from_u64(3);
+    let slots: Vec<usize> = (0..1 << 16).map(|_| rng.gen_range(0..live_n / 2)).collect();
+    let mut i = 0usize;
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            let k = i & 0xffff;
+            i += 1;
+            let slot = slots[k];
+            p.free(live[slot]);
+            live[slot] = p.alloc(black_box(sizes[k])).expect("fits");
+        })
+    });
+    g.finish();
+}
+
+fn fixed<P: Peer>(c: &mut Criterion, name: &str, mut p: P) {
+    let mut g = c.benchmark_group("peers-fixed-1KiB");
+    g.throughput(Throughput::Elements(1));
+    let _keep: Vec<P::H> = (0..70).map(|_| p.alloc(1024).unwrap()).collect();
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            let h = p.alloc(black_box(1024)).unwrap();
+            p.free(h);
+        })
+    });
+    g.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    churn(c, "gpumm", Gpumm::new());
+    churn(
+        c,
+        "offset-allocator",
+        Offset(offset_allocator::Allocator::new((80 * G / 256) as u32)),
+    );
+    churn(c, "rlsf", Rlsf::new());
+    fixed(c, "gpumm", Gpumm::new());
+    fixed(
+        c,
+        "offset-allocator",
+        Offset(offset_allocator::Allocator::new((80 * G / 256) as u32)),
+    );
+    fixed(c, "rlsf", Rlsf::new());
+}
+
+criterion_group!(peers, benches);
+criterion_main!(peers);
