@@ -65,6 +65,9 @@ pub const GRANULE: u64 = 256;
 /// Allocation latency is timed on one call in this many.
 const LATENCY_SAMPLE: u64 = 16;
 
+/// Longest window range (in pages) kept in the window cache.
+const WINDOW_CACHE: usize = 64;
+
 /// How many items of a request's own bin a good-fit search looks at.
 const SCAN: usize = 8;
 
@@ -223,6 +226,15 @@ struct Block {
     links: [Link; 2],
 }
 
+#[inline(always)]
+fn bin_op<L: LinkWrite>(bins: &mut Bins, links: &mut L, item: u32, bin: usize, insert: bool) {
+    if insert {
+        bins.push(links, item, bin)
+    } else {
+        bins.remove(links, item, bin)
+    }
+}
+
 /// The links of slot `S` of every block, for [`Bins`].
 struct BlockLinks<'a, const S: usize>(&'a mut [Block]);
 struct BlockLinksRef<'a, const S: usize>(&'a [Block]);
@@ -341,6 +353,12 @@ pub struct Pool {
     window_base: u64,
     window_bytes: u64,
     window: Runs,
+    /// Freed window ranges of up to `WINDOW_CACHE` pages, by length, kept for reuse as they
+    /// are (a stitched allocation of a length seen before takes one in O(1), without the
+    /// runs' merging); given back to `window` when it runs short.
+    window_cache: Vec<Vec<u32>>,
+    /// The backend maps (host, CUDA); a simulated one does not, and its calls are skipped.
+    maps: bool,
     blocks: Vec<Block>,
     vacant_blocks: Vec<u32>,
     heap_bins: Bins,
@@ -448,6 +466,8 @@ impl Pool {
             window_base,
             window_bytes,
             window,
+            window_cache: vec![Vec::new(); WINDOW_CACHE + 1],
+            maps: backend.maps(),
             blocks: Vec::new(),
             vacant_blocks: Vec::new(),
             heap_bins: Bins::default(),
@@ -692,16 +712,15 @@ impl Pool {
             2 => Some(&mut self.prefix_bins),
             _ => None,
         };
-        let op = |bins: &mut Bins, links: &mut dyn LinkWrite| {
-            if insert {
-                bins.push(links, b, bin)
-            } else {
-                bins.remove(links, b, bin)
-            }
-        };
-        op(primary, &mut BlockLinks::<0>(&mut self.blocks));
+        bin_op(
+            primary,
+            &mut BlockLinks::<0>(&mut self.blocks),
+            b,
+            bin,
+            insert,
+        );
         if let Some(bins) = secondary {
-            op(bins, &mut BlockLinks::<1>(&mut self.blocks));
+            bin_op(bins, &mut BlockLinks::<1>(&mut self.blocks), b, bin, insert);
         }
     }
 
@@ -1109,26 +1128,56 @@ impl Pool {
         }
         let total: u32 = segs.iter().map(|s| s.1).sum();
         let w = self
-            .window
-            .alloc(total)
+            .window_take(total)
             .ok_or_else(|| Error::OutOfMemory("the pool's stitching window is exhausted".into()))?;
         let ps = self.cfg.page_size;
         let base = self.window_base + ((w as u64) << self.page_shift);
-        let mut va = base;
-        for &(p, n) in &segs {
-            let len = n as u64 * ps;
-            if let Err(e) = self.dev.backend.map(va, (p as u64) << self.page_shift, len) {
-                let _ = self.dev.backend.unmap(base, va - base);
-                self.window.free(w, total);
-                return Err(e);
+        if self.maps {
+            let mut va = base;
+            for &(p, n) in &segs {
+                let len = n as u64 * ps;
+                if let Err(e) = self.dev.backend.map(va, (p as u64) << self.page_shift, len) {
+                    let _ = self.dev.backend.unmap(base, va - base);
+                    self.window_give(w, total);
+                    return Err(e);
+                }
+                va += len;
             }
-            va += len;
         }
         let st = &mut self.stitches[i as usize];
         st.window = w;
         st.window_len = total;
         self.counters.stitched += 1;
         Ok(base + head_off as u64 * GRANULE)
+    }
+
+    /// Window pages for a stitched allocation: a cached range of that length, else from the
+    /// runs, else (the runs being short) after giving every cached range back.
+    #[inline]
+    fn window_take(&mut self, n: u32) -> Option<u32> {
+        if let Some(w) = self.window_cache.get_mut(n as usize).and_then(|v| v.pop()) {
+            return Some(w);
+        }
+        self.window.alloc(n).or_else(|| {
+            self.window_flush();
+            self.window.alloc(n)
+        })
+    }
+
+    #[inline]
+    fn window_give(&mut self, w: u32, n: u32) {
+        match self.window_cache.get_mut(n as usize) {
+            Some(v) => v.push(w),
+            None => self.window.free(w, n),
+        }
+    }
+
+    fn window_flush(&mut self) {
+        for n in 0..self.window_cache.len() {
+            for w in std::mem::take(&mut self.window_cache[n]) {
+                self.window.free(w, n as u32);
+            }
+        }
     }
 
     /// Returns a layout's memory: blocks, pages and window.
@@ -1141,11 +1190,13 @@ impl Pool {
                 let st = std::mem::take(&mut self.stitches[i as usize]);
                 self.vacant_stitches.push(i);
                 if st.window != NIL {
-                    let va = self.window_base + ((st.window as u64) << self.page_shift);
-                    let len = (st.window_len as u64) << self.page_shift;
-                    let r = self.dev.backend.unmap(va, len);
-                    debug_assert!(r.is_ok(), "unmap failed: {r:?}");
-                    self.window.free(st.window, st.window_len);
+                    if self.maps {
+                        let va = self.window_base + ((st.window as u64) << self.page_shift);
+                        let len = (st.window_len as u64) << self.page_shift;
+                        let r = self.dev.backend.unmap(va, len);
+                        debug_assert!(r.is_ok(), "unmap failed: {r:?}");
+                    }
+                    self.window_give(st.window, st.window_len);
                 }
                 if st.head != NIL {
                     self.release_block(st.head);

@@ -106,6 +106,15 @@ fn stitching_uses_scattered_pages() {
     assert_eq!(p.stats().free_bytes, 0);
     assert!(p.alloc(req(1)).is_err());
     p.free(big).unwrap();
+    // the window range is cached for the next stitched allocation of its length
+    let cached: u64 = p
+        .window_cache
+        .iter()
+        .enumerate()
+        .map(|(n, v)| n as u64 * v.len() as u64)
+        .sum();
+    assert_eq!(p.window.free_units() + cached, p.window.capacity() as u64);
+    p.window_flush();
     assert_eq!(p.window.free_units(), p.window.capacity() as u64);
 }
 

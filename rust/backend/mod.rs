@@ -34,6 +34,10 @@ pub trait Backend: Send + Sync {
     }
     /// Whether allocations have bytes a program can read and write.
     fn has_bytes(&self) -> bool;
+    /// Whether `map` and `unmap` do anything (a pool skips the calls when they do not).
+    fn maps(&self) -> bool {
+        true
+    }
     /// The virtual address of physical offset 0 in the direct map (every physical page is
     /// mapped once, in order, at `direct_base + offset`).
     fn direct_base(&self) -> u64;
@@ -93,6 +97,9 @@ impl Backend for Simulated {
         self.granularity
     }
     fn has_bytes(&self) -> bool {
+        false
+    }
+    fn maps(&self) -> bool {
         false
     }
     fn direct_base(&self) -> u64 {
