@@ -34,6 +34,7 @@ __all__ = [
     "Eviction",
     "arch",
     "errors",
+    "integrations",
     "policy",
     "replay",
     "uvm",
@@ -48,7 +49,7 @@ __all__ = [
     *errors.__all__,
 ]
 
-from gpumm import policy, replay, uvm  # noqa: E402 - modules that build on the names above
+from gpumm import integrations, policy, replay, uvm  # noqa: E402 - modules built on the above
 from gpumm.observe import LeakError, metrics_text, publish  # noqa: E402
 
 

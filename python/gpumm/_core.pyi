@@ -21,6 +21,7 @@ __all__ = [
     "Uvm",
     "replay",
     "replay_min_capacity",
+    "_set_c_pool",
     "__version__",
 ]
 
@@ -47,6 +48,7 @@ def replay(
     timeline_points: int = 600,
     options: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]: ...
+def _set_c_pool(pool: Optional[Pool] = None) -> None: ...
 def replay_min_capacity(
     model: str,
     actions: Any,
@@ -133,7 +135,14 @@ class Pmm:
 
 @final
 class Backend:
-    def __new__(cls, kind: str, capacity: _Size, *, granularity: Optional[_Size] = None) -> Backend: ...
+    def __new__(
+        cls,
+        kind: str,
+        capacity: Optional[_Size] = None,
+        *,
+        granularity: Optional[_Size] = None,
+        device: int = 0,
+    ) -> Backend: ...
     @property
     def name(self) -> str: ...
     @property
@@ -144,6 +153,8 @@ class Backend:
     def has_bytes(self) -> bool: ...
     @property
     def default_page_size(self) -> int: ...
+    @property
+    def device_info(self) -> Optional[dict[str, Any]]: ...
 
 @final
 class Allocation:
@@ -165,6 +176,8 @@ class Allocation:
     def __exit__(self, _t: Any, _v: Any, _tb: Any) -> bool: ...
     @property
     def __array_interface__(self) -> dict[str, Any]: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
     def __dlpack_device__(self) -> tuple[int, int]: ...
     def __dlpack__(
         self,

@@ -29,6 +29,7 @@ __all__ = [
     "LINKS",
     "get_arch",
     "get_device",
+    "arch_for_compute_capability",
 ]
 
 
@@ -162,3 +163,18 @@ def arch_of(name_or_arch: "Optional[str | Arch]") -> Arch:
     if isinstance(name_or_arch, Arch):
         return name_or_arch
     return get_arch(name_or_arch if name_or_arch is not None else "hopper")
+
+
+def arch_for_compute_capability(cc: "tuple[int, int]") -> Arch:
+    """The architecture of a CUDA compute capability (as the driver reports it)."""
+    major, minor = cc
+    name = {5: "maxwell", 6: "pascal", 7: "volta", 8: "ampere", 9: "hopper"}.get(major)
+    if major == 7 and minor >= 5:
+        name = "turing"
+    if major == 8 and minor >= 9:
+        name = "ada"
+    if major >= 10:
+        name = "blackwell"
+    if name is None:
+        raise InvalidArgumentError(f"no architecture for compute capability {major}.{minor}")
+    return ARCHES[name]

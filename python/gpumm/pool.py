@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from gpumm import _core
 from gpumm._core import Allocation
-from gpumm.arch import Arch, DeviceSpec, arch_of, get_device
+from gpumm.arch import Arch, DeviceSpec, arch_for_compute_capability, arch_of, get_device
 from gpumm.doctor import Diagnosis, Finding, diagnose_pool
 from gpumm.errors import InvalidArgumentError, InvalidStateError, OutOfMemoryError
 from gpumm.observe import LeakError, LeakGroup, Tracker, counter_delta, iter_stack, register
@@ -68,7 +68,9 @@ class Device:
             architecture and capacity.
         arch: an architecture name (overrides the preset's); default Hopper.
         vidmem: capacity (default: the preset's; 8 GiB without one; 1 GiB on the host backend).
-        backend: ``"simulated"`` (no bytes, any capacity) or ``"host"`` (real memory).
+        backend: ``"simulated"`` (no bytes, any capacity), ``"host"`` (real memory) or
+            ``"cuda"`` (a real GPU through the driver, ``libcuda.so.1`` or ``GPUMM_LIBCUDA``:
+            name, capacity and architecture come from the device).
         check: validate the PMM after every operation (slow; for tests).
     """
 
@@ -81,6 +83,9 @@ class Device:
         backend: str = "simulated",
         check: bool = False,
     ) -> None:
+        if backend == "cuda":
+            self._init_cuda(vidmem, check)
+            return
         spec: Optional[DeviceSpec] = get_device(name) if name is not None else None
         if arch is not None:
             a = arch_of(arch)
@@ -97,6 +102,18 @@ class Device:
         self.backend = _core.Backend(backend, self.pmm.vidmem)
         self.name = spec.name if spec is not None else a.name
         self._pools: Dict[int, MemoryPool] = {}
+        self._lock = threading.Lock()
+
+    def _init_cuda(self, vidmem: Optional[SizeLike], check: bool) -> None:
+        """A real GPU through the CUDA driver: name, capacity and architecture from it."""
+        be = _core.Backend("cuda", parse_size(vidmem) if vidmem is not None else None)
+        info = be.device_info
+        self.arch = arch_for_compute_capability(info["compute_capability"])
+        self.spec = None
+        self.pmm = Pmm(arch=self.arch, vidmem=be.capacity, check=check)
+        self.backend = be
+        self.name = info["name"]
+        self._pools = {}
         self._lock = threading.Lock()
 
     @property

@@ -567,6 +567,19 @@ impl Pool {
                 .and_then(|ids| pmm.infos(&ids))
         };
         let Ok(infos) = got else { return false };
+        // the backend makes the memory (CUDA: cuMemCreate + map); all or nothing
+        for (k, info) in infos.iter().enumerate() {
+            if self.dev.backend.commit(info.addr, ps).is_err() {
+                for done in &infos[..k] {
+                    self.dev.backend.discard(done.addr, ps);
+                }
+                let mut pmm = self.dev.pmm.lock();
+                for i in &infos {
+                    let _ = pmm.free(i.id);
+                }
+                return false;
+            }
+        }
         for info in infos {
             let p = (info.addr >> self.page_shift) as u32;
             self.pages[p as usize] = Page {

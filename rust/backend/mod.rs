@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::{Error, Result};
 
 #[cfg(target_os = "linux")]
+pub mod cuda;
+#[cfg(target_os = "linux")]
 pub mod host;
 
 /// The operations the allocator needs from the memory underneath. Physical addresses are
@@ -41,6 +43,12 @@ pub trait Backend: Send + Sync {
     /// The virtual address of physical offset 0 in the direct map (every physical page is
     /// mapped once, in order, at `direct_base + offset`).
     fn direct_base(&self) -> u64;
+    /// Physical `[phys, phys + len)` is about to be used (the pool took these pages from the
+    /// PMM): a backend that makes physical memory on demand makes it here and maps it into
+    /// the direct map. Default: nothing to do.
+    fn commit(&self, _phys: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
     /// Reserves `len` bytes of virtual address space for stitching; returns its base.
     fn reserve(&self, len: u64) -> Result<u64>;
     /// Gives back a window from [`Backend::reserve`] (everything in it must be unmapped).
@@ -176,6 +184,9 @@ impl Backend for Faulty {
     }
     fn direct_base(&self) -> u64 {
         self.inner.direct_base()
+    }
+    fn commit(&self, phys: u64, len: u64) -> Result<()> {
+        self.inner.commit(phys, len)
     }
     fn reserve(&self, len: u64) -> Result<u64> {
         self.trip("reserve")?;

@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::pmm::{self, ChunkId, ChunkInfo, ChunkState, ChunkType, RootList};
 use crate::units;
 
+mod capi;
 mod pool;
 mod replay;
 mod uvm;
@@ -542,6 +543,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyChunk>()?;
     m.add_class::<PyEviction>()?;
     pool::register(m)?;
+    m.add_function(wrap_pyfunction!(capi::_set_c_pool, m)?)?;
     replay::register(m)?;
     uvm::register(m)?;
     m.add_function(wrap_pyfunction!(py_parse_size, m)?)?;

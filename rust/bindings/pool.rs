@@ -45,19 +45,45 @@ fn current_scope(pool_id: u64) -> u32 {
 #[pyclass(module = "gpumm._core", name = "Backend", frozen)]
 pub struct PyBackend {
     inner: Arc<dyn Backend>,
+    /// The driver's report, for the CUDA backend.
+    cuda: Option<backend::cuda::DeviceInfo>,
 }
 
 #[pymethods]
 impl PyBackend {
+    /// `kind`: "simulated", "host" or "cuda" (the driver loaded at run time from
+    /// `libcuda.so.1` or `GPUMM_LIBCUDA`; `capacity` None means the device's memory).
     #[new]
-    #[pyo3(signature = (kind, capacity, *, granularity = None))]
+    #[pyo3(signature = (kind, capacity = None, *, granularity = None, device = 0))]
     fn py_new(
         py: Python<'_>,
         kind: &str,
-        capacity: &Bound<'_, PyAny>,
+        capacity: Option<&Bound<'_, PyAny>>,
         granularity: Option<&Bound<'_, PyAny>>,
+        device: i32,
     ) -> PyResult<Self> {
-        let capacity = size_arg(py, capacity, "capacity")?;
+        #[cfg(target_os = "linux")]
+        if kind == "cuda" {
+            let cap = capacity.map(|c| size_arg(py, c, "capacity")).transpose()?;
+            let c = py
+                .detach(|| backend::cuda::Cuda::new(device, cap))
+                .py_err(py)?;
+            let info = c.info().clone();
+            return Ok(PyBackend {
+                inner: Arc::new(c),
+                cuda: Some(info),
+            });
+        }
+        let _ = device;
+        let capacity = match capacity {
+            Some(c) => size_arg(py, c, "capacity")?,
+            None => {
+                return Err(to_pyerr(
+                    py,
+                    Error::InvalidArgument(format!("the {kind} backend needs a capacity")),
+                ))
+            }
+        };
         let inner: Arc<dyn Backend> = match kind {
             "simulated" => {
                 let g = match granularity {
@@ -83,12 +109,12 @@ impl PyBackend {
                 return Err(to_pyerr(
                     py,
                     Error::InvalidArgument(format!(
-                        "unknown backend {other:?}; known: 'simulated', 'host'"
+                        "unknown backend {other:?}; known: 'simulated', 'host', 'cuda'"
                     )),
                 ))
             }
         };
-        Ok(PyBackend { inner })
+        Ok(PyBackend { inner, cuda: None })
     }
 
     #[getter]
@@ -110,6 +136,18 @@ impl PyBackend {
     #[getter]
     fn default_page_size(&self) -> u64 {
         self.inner.default_page_size()
+    }
+
+    /// The CUDA driver's report (name, total_mem, compute_capability, granularity), or None.
+    #[getter]
+    fn device_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(i) = &self.cuda else { return Ok(None) };
+        let d = PyDict::new(py);
+        d.set_item("name", &i.name)?;
+        d.set_item("total_mem", i.total_mem)?;
+        d.set_item("compute_capability", i.compute_capability)?;
+        d.set_item("granularity", i.granularity)?;
+        Ok(Some(d))
     }
 
     fn __repr__(&self) -> String {
@@ -135,11 +173,17 @@ pub struct PyPool {
     inner: SharedPool,
     id: u64,
     has_bytes: bool,
+    cuda: bool,
     on_failure: Option<Py<PyAny>>,
     tracking: AtomicBool,
 }
 
 impl PyPool {
+    /// The core, shared (for the C functions of `capi`).
+    pub(super) fn shared(&self) -> SharedPool {
+        self.inner.clone()
+    }
+
     /// Runs `f` on the core under its lock with the GIL released.
     fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Pool) -> T + Send) -> T {
         let inner = &self.inner;
@@ -151,6 +195,7 @@ impl PyPool {
             pool: self.inner.clone(),
             pool_id: self.id,
             has_bytes: self.has_bytes,
+            cuda: self.cuda,
             id: info.id,
             ptr: AtomicU64::new(info.ptr),
             size: info.size,
@@ -256,11 +301,13 @@ impl PyPool {
             backend: backend.get().inner.clone(),
         });
         let has_bytes = dev.backend.has_bytes();
+        let cuda = dev.backend.name() == "cuda";
         let pool = py.detach(|| Pool::new(dev, cfg)).py_err(py)?;
         Ok(PyPool {
             inner: Arc::new(Mutex::new(pool)),
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             has_bytes,
+            cuda,
             on_failure,
             tracking: AtomicBool::new(false),
         })
@@ -314,6 +361,7 @@ impl PyPool {
                 pool: this.inner.clone(),
                 pool_id: this.id,
                 has_bytes: this.has_bytes,
+                cuda: this.cuda,
                 id,
                 ptr: AtomicU64::new(ptr),
                 size,
@@ -652,6 +700,8 @@ pub struct PyAllocation {
     pool: SharedPool,
     pool_id: u64,
     has_bytes: bool,
+    /// Device memory of a CUDA backend (exported with `__cuda_array_interface__`).
+    cuda: bool,
     id: AllocId,
     ptr: AtomicU64,
     #[pyo3(get)]
@@ -669,6 +719,7 @@ impl PyAllocation {
             pool: self.pool.clone(),
             pool_id: self.pool_id,
             has_bytes: self.has_bytes,
+            cuda: self.cuda,
             id: self.id,
             ptr: AtomicU64::new(self.ptr.load(Ordering::Relaxed)),
             size: self.size,
@@ -692,6 +743,11 @@ impl PyAllocation {
     }
 
     fn bytes_or_raise(&self, py: Python<'_>) -> PyResult<u64> {
+        if self.cuda {
+            return Err(PyBufferError::new_err(
+                "this allocation is GPU memory: use __cuda_array_interface__ or __dlpack__",
+            ));
+        }
         if !self.has_bytes {
             return Err(PyBufferError::new_err(
                 "this allocation is on a simulated device: it has no bytes to view",
@@ -777,8 +833,28 @@ impl PyAllocation {
         Ok(d)
     }
 
-    /// (device type, device id) for DLPack: kDLCPU for host memory.
+    /// The CUDA array interface (v3) of device memory: a uint8 array of `size` bytes at `ptr`.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if !self.cuda {
+            return Err(pyo3::exceptions::PyAttributeError::new_err(
+                "__cuda_array_interface__: not device memory (this pool is not on a CUDA backend)",
+            ));
+        }
+        let d = PyDict::new(py);
+        d.set_item("shape", (self.size,))?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("data", (self.current_ptr(py)?, false))?;
+        d.set_item("version", 3)?;
+        d.set_item("stream", py.None())?;
+        Ok(d)
+    }
+
+    /// (device type, device id) for DLPack: kDLCPU for host memory, kDLCUDA for a CUDA pool.
     fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+        if self.cuda {
+            return Ok((DL_CUDA, 0));
+        }
         if !self.has_bytes {
             return Err(PyBufferError::new_err(
                 "this allocation is on a simulated device: it has no bytes to export",
@@ -800,10 +876,15 @@ impl PyAllocation {
         let py = slf.py();
         let _ = (stream, max_version);
         let this = slf.get();
-        let ptr = this.bytes_or_raise(py)?;
-        if dl_device.is_some_and(|d| d != (DL_CPU, 0)) {
+        let dev_type = if this.cuda { DL_CUDA } else { DL_CPU };
+        let ptr = if this.cuda {
+            this.current_ptr(py)?
+        } else {
+            this.bytes_or_raise(py)?
+        };
+        if dl_device.is_some_and(|d| d != (dev_type, 0)) {
             return Err(PyBufferError::new_err(
-                "host allocations export only to the CPU",
+                "an allocation exports only to its own device",
             ));
         }
         if copy == Some(true) {
@@ -821,7 +902,7 @@ impl PyAllocation {
             dl_tensor: DLTensor {
                 data: ptr as *mut c_void,
                 device: DLDevice {
-                    device_type: DL_CPU,
+                    device_type: dev_type,
                     device_id: 0,
                 },
                 ndim: 1,
@@ -929,6 +1010,7 @@ impl PyAllocation {
 // DLPack (v0.8 layout, unversioned capsule "dltensor")
 
 const DL_CPU: i32 = 1;
+const DL_CUDA: i32 = 2;
 const DLTENSOR: &CStr = c"dltensor";
 
 #[repr(C)]
