@@ -388,6 +388,28 @@ impl Coalescing {
     }
 }
 
+/// The `Model` methods of a model made of a device allocation counter `dev` and a coalescing
+/// free list `c` (rmm-pool and cupy differ only in how they allocate).
+macro_rules! coalescing_model {
+    () => {
+        fn free(&mut self, id: u32) {
+            self.c.give(id);
+        }
+        fn reserved(&self) -> u64 {
+            self.dev.reserved
+        }
+        fn largest_free(&self) -> u64 {
+            self.c.largest_free()
+        }
+        fn free_bytes(&self) -> u64 {
+            self.c.free_bytes()
+        }
+        fn layout(&self) -> Vec<(u64, u64, bool)> {
+            self.c.layout()
+        }
+    };
+}
+
 // ------------------------------------------------------------------------------------------
 // rmm-pool
 
@@ -423,21 +445,7 @@ impl Model for RmmPool {
         self.c.add_chunk(addr, n, 0);
         self.c.take(id, r, 0)
     }
-    fn free(&mut self, id: u32) {
-        self.c.give(id);
-    }
-    fn reserved(&self) -> u64 {
-        self.dev.reserved
-    }
-    fn largest_free(&self) -> u64 {
-        self.c.largest_free()
-    }
-    fn free_bytes(&self) -> u64 {
-        self.c.free_bytes()
-    }
-    fn layout(&self) -> Vec<(u64, u64, bool)> {
-        self.c.layout()
-    }
+    coalescing_model!();
 }
 
 // ------------------------------------------------------------------------------------------
@@ -480,21 +488,7 @@ impl Model for CuPy {
         self.c.add_chunk(addr, r, stream);
         self.c.take(id, r, stream)
     }
-    fn free(&mut self, id: u32) {
-        self.c.give(id);
-    }
-    fn reserved(&self) -> u64 {
-        self.dev.reserved
-    }
-    fn largest_free(&self) -> u64 {
-        self.c.largest_free()
-    }
-    fn free_bytes(&self) -> u64 {
-        self.c.free_bytes()
-    }
-    fn layout(&self) -> Vec<(u64, u64, bool)> {
-        self.c.layout()
-    }
+    coalescing_model!();
 }
 
 // ------------------------------------------------------------------------------------------
