@@ -214,6 +214,8 @@ def test_numba_hook(cuda_pool, monkeypatch):
     assert cuda_pool.stats()["live_allocs"] == 0
     free, total = mgr.get_memory_info()
     assert total == cuda_pool.device.capacity and 0 < free <= total
+    with pytest.raises(gpumm.InvalidStateError, match="IPC"):
+        mgr.get_ipc_handle(mp)
 
 
 def test_no_driver_is_a_clear_error(monkeypatch):

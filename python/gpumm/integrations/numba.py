@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from gpumm.errors import InvalidStateError
+
 __all__ = ["use", "manager_class"]
 
 
@@ -28,7 +30,8 @@ def manager_class(pool: Any) -> Any:
             return cuda.MemoryInfo(free=free, total=pool.device.capacity)
 
         def get_ipc_handle(self, memory: Any) -> Any:
-            raise NotImplementedError("gpumm pools do not export IPC handles yet")
+            # gpumm's chunks are not made exportable (no shareable handle type requested)
+            raise InvalidStateError("gpumm pools do not export CUDA IPC handles")
 
         def reset(self) -> None:
             pass
