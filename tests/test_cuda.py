@@ -25,9 +25,10 @@ def fake_driver(tmp_path_factory):
         pytest.skip("no C compiler (cc) to build the fake CUDA driver")
     so = tmp_path_factory.mktemp("cuda") / "libcuda.so.1"
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(so), str(SRC)], check=True)
-    old = {k: os.environ.get(k) for k in ("GPUMM_LIBCUDA", "FAKE_CUDA_MEM")}
+    old = {k: os.environ.get(k) for k in ("GPUMM_LIBCUDA", "FAKE_CUDA_MEM", "FAKE_CUDA_EVENT_DELAY")}
     os.environ["GPUMM_LIBCUDA"] = str(so)
     os.environ["FAKE_CUDA_MEM"] = str(512 * MiB)
+    os.environ["FAKE_CUDA_EVENT_DELAY"] = "3"  # an event is reached at its 4th query
     yield so
     for k, v in old.items():
         if v is None:
@@ -89,6 +90,36 @@ def test_defrag_and_scrub_use_the_driver(fake_driver):
     again = pool.alloc(64 * 1024)
     if again.ptr == ptr:
         assert ctypes.string_at(ptr, 16) == bytes(16)
+    pool.close()
+
+
+def test_stream_ordered_free_waits_for_the_cuda_event(fake_driver):
+    lib = ctypes.CDLL(str(fake_driver))
+    lib.fake_cuda_events_live.restype = ctypes.c_long
+    before = lib.fake_cuda_events_live()
+    pool = gpumm.MemoryPool(gpumm.Device(backend="cuda"), max_size="8MiB", check=True)
+    a = pool.alloc(8 * MiB, stream=7)
+    fence = a.free(stream=7)  # records an event on stream 7
+    assert lib.fake_cuda_events_live() == before + 1
+    failed = 0
+    while True:
+        try:
+            b = pool.alloc(8 * MiB, stream=8)  # another stream: must wait for the event
+            break
+        except gpumm.OutOfMemoryError:
+            failed += 1
+            assert failed < 10
+    # The event answers "not ready" three times; each failed alloc asked it at least once, and
+    # the memory came back only once the event said "done" (how many queries one alloc makes is
+    # the pool's business).
+    assert 1 <= failed <= 3 and b.ptr == a.ptr
+    assert lib.fake_cuda_events_live() == before  # the event is destroyed once reached
+    assert pool.complete(fence) == 0  # already completed by the event
+    b.free(stream=8)
+    assert pool.stats()["pending_frees"] == 1
+    for _ in range(4):
+        pool.poll()
+    assert pool.stats()["pending_frees"] == 0
     pool.close()
 
 

@@ -375,6 +375,8 @@ pub struct Pool {
     by_ptr: Option<PtrMap>,
     streams: FxHashMap<u64, StreamState>,
     fence_stream: FxHashMap<u64, u64>,
+    /// Backend fences (CUDA events) of pending frees, by pool fence.
+    events: FxHashMap<u64, u64>,
     next_fence: u64,
     scopes: FxHashMap<u32, Vec<(u32, u32)>>,
     next_scope: u32,
@@ -481,6 +483,7 @@ impl Pool {
             by_ptr: None,
             streams: FxHashMap::default(),
             fence_stream: FxHashMap::default(),
+            events: FxHashMap::default(),
             next_fence: 1,
             scopes: FxHashMap::default(),
             next_scope: 1,
@@ -1338,6 +1341,13 @@ impl Pool {
         if let Some(r) = self.reuse(req, units) {
             return Ok(r);
         }
+        // Memory freed on streams whose work has finished (CUDA events) comes back before the
+        // pool would grow for it, and every 64 calls otherwise.
+        if !self.events.is_empty()
+            && (self.free_pages.free_units() == 0 || self.counters.calls % 64 == 0)
+        {
+            self.poll();
+        }
         let saved = (self.counters.clone(), self.free_pages.free_units());
         let a = self.new_slot();
         let layout = match self.place(units, a, false) {
@@ -1599,6 +1609,9 @@ impl Pool {
         st.pending.push_back((fence, a, g));
         st.reuse.entry(units).or_default().push((a, g));
         self.fence_stream.insert(fence, stream);
+        if let Some(ev) = self.dev.backend.fence(stream) {
+            self.events.insert(fence, ev);
+        }
         self.counters.live_bytes -= size;
         self.counters.freeing_bytes += units * GRANULE;
         self.counters.frees += 1;
@@ -1649,6 +1662,9 @@ impl Pool {
             }
             st.pending.pop_front();
             self.fence_stream.remove(&f);
+            if let Some(ev) = self.events.remove(&f) {
+                self.dev.backend.fence_drop(ev);
+            }
             let x = &self.allocs[a as usize];
             if x.generation == g && x.state == State::Freeing && x.fence == f {
                 self.finish_free(a);
@@ -1657,6 +1673,31 @@ impl Pool {
         }
         if !st.pending.is_empty() {
             self.streams.insert(stream, st);
+        }
+        n
+    }
+
+    /// Completes the stream-ordered frees whose backend fence (CUDA event) has been reached.
+    /// Returns how many allocations became free. The pool calls it before it grows or fails.
+    pub fn poll(&mut self) -> u64 {
+        if self.events.is_empty() {
+            return 0;
+        }
+        let mut done: Vec<u64> = self
+            .events
+            .iter()
+            .filter(|&(_, &ev)| self.dev.backend.fence_done(ev))
+            .map(|(&f, _)| f)
+            .collect();
+        done.sort_unstable();
+        let mut n = 0;
+        for f in done {
+            if let Some(&stream) = self.fence_stream.get(&f) {
+                n += self.drain(stream, f);
+            }
+        }
+        if n > 0 {
+            self.after_free();
         }
         n
     }
@@ -2001,6 +2042,9 @@ impl Pool {
         }
         self.streams.clear();
         self.fence_stream.clear();
+        for (_, ev) in self.events.drain() {
+            self.dev.backend.fence_drop(ev);
+        }
         self.release_pages(0);
         self.dev
             .backend

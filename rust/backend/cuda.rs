@@ -4,7 +4,8 @@
 //! granularity (`cuMemCreate`) when the pool takes pages, and mapped once into a direct map
 //! (`cuMemAddressReserve` + `cuMemMap` + `cuMemSetAccess`); stitching maps the same handles
 //! again into a window; pages given back are unmapped and released (`cuMemRelease`).
-//! Copies are `cuMemcpy` (unified addressing), scrub is `cuMemsetD8`.
+//! Copies are `cuMemcpyAsync` and scrub `cuMemsetD8Async` on the null stream, waited for;
+//! stream-ordered frees record a CUDA event on their stream and complete when it is reached.
 //!
 //! Tested against `tests/fake_cuda/fake_cuda.c`, a fake driver over host memory.
 
@@ -75,8 +76,13 @@ struct Fns {
     mem_map: unsafe extern "C" fn(CUdeviceptr, usize, usize, Handle, c_ulonglong) -> CUresult,
     set_access: unsafe extern "C" fn(CUdeviceptr, usize, *const AccessDesc, usize) -> CUresult,
     mem_unmap: unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult,
-    memcpy: unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult,
-    memset_d8: unsafe extern "C" fn(CUdeviceptr, u8, usize) -> CUresult,
+    memcpy_async: unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize, *mut c_void) -> CUresult,
+    memset_d8_async: unsafe extern "C" fn(CUdeviceptr, u8, usize, *mut c_void) -> CUresult,
+    stream_synchronize: unsafe extern "C" fn(*mut c_void) -> CUresult,
+    event_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CUresult,
+    event_record: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CUresult,
+    event_query: unsafe extern "C" fn(*mut c_void) -> CUresult,
+    event_destroy: unsafe extern "C" fn(*mut c_void) -> CUresult,
 }
 
 /// What the driver says about the device.
@@ -154,8 +160,13 @@ impl Cuda {
             mem_map: sym!(b"cuMemMap\0"),
             set_access: sym!(b"cuMemSetAccess\0"),
             mem_unmap: sym!(b"cuMemUnmap\0"),
-            memcpy: sym!(b"cuMemcpy\0"),
-            memset_d8: sym!(b"cuMemsetD8_v2\0"),
+            memcpy_async: sym!(b"cuMemcpyAsync\0"),
+            memset_d8_async: sym!(b"cuMemsetD8Async\0"),
+            stream_synchronize: sym!(b"cuStreamSynchronize\0"),
+            event_create: sym!(b"cuEventCreate\0"),
+            event_record: sym!(b"cuEventRecord\0"),
+            event_query: sym!(b"cuEventQuery\0"),
+            event_destroy: sym!(b"cuEventDestroy_v2\0"),
         };
         // SAFETY (this block): driver calls with valid out-pointers to locals.
         let (dev, ctx, info) = unsafe {
@@ -383,16 +394,52 @@ impl Backend for Cuda {
         })
     }
     fn copy(&self, dst: u64, src: u64, len: u64) -> Result<()> {
-        // SAFETY: both ranges are mapped device memory of this backend (the pool's own).
-        check("cuMemcpy", unsafe {
-            (self.f.memcpy)(dst, src, len as usize)
-        })
+        // SAFETY: both ranges are mapped device memory of this backend (the pool's own); the
+        // copy is queued on the null stream, which is then waited for.
+        unsafe {
+            let null = std::ptr::null_mut();
+            check(
+                "cuMemcpyAsync",
+                (self.f.memcpy_async)(dst, src, len as usize, null),
+            )?;
+            check("cuStreamSynchronize", (self.f.stream_synchronize)(null))
+        }
     }
     fn zero(&self, va: u64, len: u64) -> Result<()> {
-        // SAFETY: a mapped device range of the pool's.
-        check("cuMemsetD8", unsafe {
-            (self.f.memset_d8)(va, 0, len as usize)
-        })
+        // SAFETY: a mapped device range of the pool's; queued on the null stream, waited for.
+        unsafe {
+            let null = std::ptr::null_mut();
+            check(
+                "cuMemsetD8Async",
+                (self.f.memset_d8_async)(va, 0, len as usize, null),
+            )?;
+            check("cuStreamSynchronize", (self.f.stream_synchronize)(null))
+        }
+    }
+    /// A CUDA event recorded on `stream` (a `CUstream` handle; 0 is the null stream).
+    fn fence(&self, stream: u64) -> Option<u64> {
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: `ev` is a local; the stream handle is the caller's (PyTorch's, CuPy's).
+        unsafe {
+            if (self.f.event_create)(&mut ev, 2 /* CU_EVENT_DISABLE_TIMING */) != 0 {
+                return None;
+            }
+            if (self.f.event_record)(ev, stream as *mut c_void) != 0 {
+                (self.f.event_destroy)(ev);
+                return None;
+            }
+        }
+        Some(ev as u64)
+    }
+    fn fence_done(&self, fence: u64) -> bool {
+        // SAFETY: an event made by `fence` and not yet destroyed. Only CUDA_ERROR_NOT_READY
+        // means "still running"; any other error cannot be waited out, so the free completes
+        // rather than holding its memory forever.
+        unsafe { (self.f.event_query)(fence as *mut c_void) != 600 }
+    }
+    fn fence_drop(&self, fence: u64) {
+        // SAFETY: as above; destroyed once.
+        unsafe { (self.f.event_destroy)(fence as *mut c_void) };
     }
     fn discard(&self, phys: u64, len: u64) {
         let g = self.info.granularity;

@@ -63,6 +63,17 @@ pub trait Backend: Send + Sync {
     fn zero(&self, va: u64, len: u64) -> Result<()>;
     /// The pages `[phys, phys + len)` are no longer used: give their memory back.
     fn discard(&self, phys: u64, len: u64);
+    /// Records a fence on `stream` (CUDA: an event); None when the backend has no streams of
+    /// its own (the caller completes fences with `Pool::complete`).
+    fn fence(&self, _stream: u64) -> Option<u64> {
+        None
+    }
+    /// Whether a fence from `fence` has been reached.
+    fn fence_done(&self, _fence: u64) -> bool {
+        true
+    }
+    /// A fence is no longer needed.
+    fn fence_drop(&self, _fence: u64) {}
 }
 
 /// Where simulated device memory appears: a CUDA-like unified virtual address.
@@ -211,5 +222,14 @@ impl Backend for Faulty {
     }
     fn discard(&self, phys: u64, len: u64) {
         self.inner.discard(phys, len)
+    }
+    fn fence(&self, stream: u64) -> Option<u64> {
+        self.inner.fence(stream)
+    }
+    fn fence_done(&self, fence: u64) -> bool {
+        self.inner.fence_done(fence)
+    }
+    fn fence_drop(&self, fence: u64) {
+        self.inner.fence_drop(fence)
     }
 }

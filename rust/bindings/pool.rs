@@ -466,6 +466,12 @@ impl PyPool {
         self.with(py, |p| p.complete(fence)).py_err(py)
     }
 
+    /// Completes the stream-ordered frees whose CUDA event has been reached (the pool also
+    /// does this before it grows). Returns how many allocations became free.
+    fn poll(&self, py: Python<'_>) -> u64 {
+        self.with(py, |p| p.poll())
+    }
+
     /// Completes every pending free on `stream` (every stream if None).
     #[pyo3(signature = (stream = None))]
     fn synchronize(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<u64> {

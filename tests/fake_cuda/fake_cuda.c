@@ -134,6 +134,31 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { memmove((void *)dst, (void *)src, n); return OK; }
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) { memset((void *)dst, v, n); return OK; }
 CUresult cuCtxSynchronize(void) { return OK; }
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) { (void)s; memmove((void *)dst, (void *)src, n); return OK; }
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) { (void)s; memset((void *)dst, v, n); return OK; }
+CUresult cuStreamSynchronize(CUstream s) { (void)s; return OK; }
+
+/* Events: reached after FAKE_CUDA_EVENT_DELAY queries (default 0: at once). */
+typedef struct { long queries; int done; } fake_event;
+static long event_delay = -1;
+static long events_live;
+CUresult cuEventCreate(void **ev, unsigned flags) {
+    (void)flags;
+    if (event_delay < 0) { const char *d = getenv("FAKE_CUDA_EVENT_DELAY"); event_delay = d ? atol(d) : 0; }
+    fake_event *e = calloc(1, sizeof *e);
+    if (!e) return OUT_OF_MEMORY;
+    *ev = e; events_live++;
+    return OK;
+}
+CUresult cuEventRecord(void *ev, CUstream s) { (void)s; ((fake_event *)ev)->queries = 0; ((fake_event *)ev)->done = 0; return OK; }
+CUresult cuEventQuery(void *ev) {
+    fake_event *e = ev;
+    if (e->done || e->queries++ >= event_delay) { e->done = 1; return OK; }
+    return 600; /* CUDA_ERROR_NOT_READY */
+}
+CUresult cuEventDestroy_v2(void *ev) { free(ev); events_live--; return OK; }
+/* for tests: events created and not destroyed */
+long fake_cuda_events_live(void) { return events_live; }
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) { (void)flags; *p = malloc(n); return *p ? OK : OUT_OF_MEMORY; }
 CUresult cuMemFreeHost(void *p) { free(p); return OK; }
 
