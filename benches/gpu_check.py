@@ -1,5 +1,6 @@
 """gpumm on a real NVIDIA GPU: every hook, a PyTorch training step and a CuPy computation sharing
-one pool, a trace replayed on the device, and speed against PyTorch's caching allocator and
+one pool, host-to-device copies from a pinned gpumm pool, a trace replayed on the device, and
+speed against PyTorch's caching allocator and
 cudaMallocAsync. Prints a table. Needs the NVIDIA driver, PyTorch with CUDA, and CuPy and Numba
 if their rows are wanted (missing ones are reported, not hidden).
 
@@ -76,6 +77,29 @@ def phase_gpumm(steps: int) -> Dict[str, Any]:
         out["numba"] = {"ok": arr.size == 1 << 20}
     except ImportError as e:
         out["numba"] = {"skipped": str(e)}
+    # pinned host memory from a gpumm pool: host-to-device copy speed against pageable memory
+    import torch
+
+    hpool = gpumm.MemoryPool(gpumm.Device(backend="pinned", vidmem="1GiB"), name="pinned")
+    n = 256 << 20
+    h = hpool.alloc(n)
+    pinned = torch.frombuffer(memoryview(h), dtype=torch.uint8)
+    pageable = torch.empty(n, dtype=torch.uint8)
+    dst = torch.empty(n, dtype=torch.uint8, device="cuda")
+    speeds = {}
+    for name, src in (("pinned", pinned), ("pageable", pageable)):
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        speeds[name] = 5 * n / (time.perf_counter() - t0) / 1e9
+    out["pinned"] = {"is_pinned": bool(pinned.is_pinned()), "h2d_GBps": speeds,
+                     "stats": {k: hpool.stats()[k] for k in ("reserved_bytes", "live_bytes")}}
+    del pinned, dst
+    h.free()
+    hpool.close()
     # the trace replayed on the device through the same kind of pool
     from gpumm.cli import demo_trace_path
     from gpumm.traces import read_trace
@@ -148,7 +172,7 @@ def main() -> int:
         print(f"{name:18} {r['torch']['step_ms']:10.2f}ms {rep['events_per_s']:16,.0f} "
               f"{rep['peak_reserved'] / 2**20:20.1f}MiB")
     g = results.get("gpumm", {})
-    for hook in ("cupy", "numba"):
+    for hook in ("cupy", "numba", "pinned"):
         if hook in g:
             print(f"{hook}: {g[hook]}")
     if args.json:

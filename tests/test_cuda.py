@@ -113,14 +113,49 @@ def test_stream_ordered_free_waits_for_the_cuda_event(fake_driver):
     # the memory came back only once the event said "done" (how many queries one alloc makes is
     # the pool's business).
     assert 1 <= failed <= 3 and b.ptr == a.ptr
-    assert lib.fake_cuda_events_live() == before  # the event is destroyed once reached
+    assert lib.fake_cuda_events_live() == before + 1  # reached: kept for the next free
     assert pool.complete(fence) == 0  # already completed by the event
     b.free(stream=8)
     assert pool.stats()["pending_frees"] == 1
+    assert lib.fake_cuda_events_live() == before + 1  # the spare event was reused
     for _ in range(4):
         pool.poll()
     assert pool.stats()["pending_frees"] == 0
     pool.close()
+
+
+def test_pinned_host_pool(fake_driver):
+    np = pytest.importorskip("numpy")
+    lib = ctypes.CDLL(str(fake_driver))
+    lib.fake_cuda_registered_bytes.restype = ctypes.c_uint64
+    before = lib.fake_cuda_registered_bytes()
+    dev = gpumm.Device(backend="pinned", vidmem="64MiB")
+    assert dev.backend.name == "pinned" and dev.backend.has_bytes
+    pool = gpumm.MemoryPool(dev, check=True)
+    assert pool.page_size == 2 * MiB  # one registration per 2 MiB page
+    held = [pool.alloc(2 * MiB) for _ in range(8)]
+    assert lib.fake_cuda_registered_bytes() - before == pool.stats()["reserved_bytes"] == 16 * MiB
+    for a in held[::2]:
+        a.free()
+    big = pool.alloc(7 * MiB)  # stitched: its window is registered as well
+    assert pool.stats()["stitched"] == 1
+    assert lib.fake_cuda_registered_bytes() - before == pool.stats()["reserved_bytes"] + 8 * MiB
+    view = np.asarray(big)  # host memory: readable and writable from Python
+    view[:] = 5
+    assert int(view.sum()) == 5 * 7 * MiB
+    assert big.__dlpack_device__() == (3, 0)  # kDLCUDAHost
+    del view
+    big.free()
+    st = pool.stats()
+    assert st["allocs"] == 9 and st["frees"] == 5 and st["live_allocs"] == 4
+    assert lib.fake_cuda_registered_bytes() - before == st["reserved_bytes"]
+    for a in held[1::2]:
+        a.free()
+    pool.trim()
+    assert lib.fake_cuda_registered_bytes() == before
+    pool.close()
+    with pytest.raises(gpumm.GpummError):
+        _core.Backend("pinned", 64 * MiB, granularity=4096)
 
 
 def _c_functions():
@@ -143,7 +178,8 @@ def test_pluggable_allocator_c_functions(cuda_pool):
         assert lib.gpumm_torch_alloc(-5, 0, None) is None
         lib.gpumm_torch_free(p, 3 * MiB, 0, None)
         lib.gpumm_torch_free(12345, 1, 0, None)  # a foreign pointer is ignored, not a crash
-        assert cuda_pool.stats()["live_allocs"] == 0
+        # stream-ordered: freed behind an event on PyTorch's stream, not at once
+        assert cuda_pool.stats()["live_allocs"] == 0 and cuda_pool.stats()["pending_frees"] == 1
     finally:
         _core._set_c_pool(None)
 
@@ -207,6 +243,11 @@ def test_cupy_and_pytorch_share_one_pool(cuda_pool, monkeypatch):
 
     gc.collect()
     assert cuda_pool.stats()["live_allocs"] == 0
+    # CuPy's kernels on stream 3 may still be running: the free waits for an event there
+    assert cuda_pool.stats()["pending_frees"] == 1
+    for _ in range(4):
+        cuda_pool.poll()
+    assert cuda_pool.stats()["pending_frees"] == 0
     # PyTorch (the C functions) reuses what CuPy freed
     _core._set_c_pool(cuda_pool)
     try:
@@ -253,6 +294,8 @@ def test_no_driver_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("GPUMM_LIBCUDA", "/nonexistent/libcuda.so.1")
     with pytest.raises(gpumm.InvalidStateError, match="no CUDA driver"):
         gpumm.Device(backend="cuda")
+    with pytest.raises(gpumm.InvalidStateError, match="no CUDA driver"):
+        gpumm.Device(backend="pinned")
 
 
 def test_arch_from_compute_capability():

@@ -68,7 +68,9 @@ class Device:
             architecture and capacity.
         arch: an architecture name (overrides the preset's); default Hopper.
         vidmem: capacity (default: the preset's; 8 GiB without one; 1 GiB on the host backend).
-        backend: ``"simulated"`` (no bytes, any capacity), ``"host"`` (real memory) or
+        backend: ``"simulated"`` (no bytes, any capacity), ``"host"`` (real memory),
+            ``"pinned"`` (host memory page-locked for the GPU with ``cuMemHostRegister``, for
+            fast asynchronous copies; ``vidmem`` is how much host memory it may pin) or
             ``"cuda"`` (a real GPU through the driver, ``libcuda.so.1`` or ``GPUMM_LIBCUDA``:
             name, capacity and architecture come from the device).
         check: validate the PMM after every operation (slow; for tests).
@@ -95,12 +97,15 @@ class Device:
             if spec is not None:
                 vidmem = spec.vidmem
             else:
-                vidmem = "1GiB" if backend == "host" else "8GiB"
+                vidmem = "1GiB" if backend in ("host", "pinned") else "8GiB"
         self.spec = spec
         self.arch = a
         self.pmm = Pmm(arch=a, vidmem=vidmem, check=check)
         self.backend = _core.Backend(backend, self.pmm.vidmem)
-        self.name = spec.name if spec is not None else a.name
+        if backend == "pinned":
+            self.name = "pinned host memory"
+        else:
+            self.name = spec.name if spec is not None else a.name
         self._pools: Dict[int, MemoryPool] = {}
         self._lock = threading.Lock()
 

@@ -1619,6 +1619,18 @@ impl Pool {
         Ok(fence)
     }
 
+    /// Frees once the work queued on `stream` so far has finished: stream-ordered behind a
+    /// backend fence (a CUDA event, polled by the pool) where the backend has streams, else
+    /// at once. `stream` itself may reuse the memory right away. What frameworks' free hooks
+    /// call: they free when the host drops a tensor, while kernels may still be using it.
+    pub fn free_when_done(&mut self, id: AllocId, stream: u64) -> Result<()> {
+        let fence = self.free_async(id, stream)?;
+        if !self.events.contains_key(&fence) {
+            self.complete(fence)?;
+        }
+        Ok(())
+    }
+
     /// Fence `fence` has completed: every free on its stream up to it is done. Returns the
     /// number of allocations whose memory became free. A fence that completed before is
     /// accepted and does nothing.

@@ -17,7 +17,7 @@ use rustc_hash::FxHashMap;
 use super::Backend;
 use crate::error::{Error, Result};
 
-type CUresult = c_int;
+pub(super) type CUresult = c_int;
 type CUdeviceptr = u64;
 type Handle = u64;
 
@@ -105,9 +105,11 @@ pub struct Cuda {
     /// Physical chunks by index (offset / granularity).
     handles: Mutex<FxHashMap<u64, Handle>>,
     windows: Mutex<Vec<(u64, u64)>>,
+    /// Events no longer in use, for the next stream-ordered free.
+    spare_events: Mutex<Vec<u64>>,
 }
 
-fn check(what: &str, r: CUresult) -> Result<()> {
+pub(super) fn check(what: &str, r: CUresult) -> Result<()> {
     match r {
         0 => Ok(()),
         2 => Err(Error::OutOfMemory(format!(
@@ -119,29 +121,65 @@ fn check(what: &str, r: CUresult) -> Result<()> {
     }
 }
 
+/// Loads the driver: `GPUMM_LIBCUDA`, else `libcuda.so.1`. Returns it and the path tried.
+pub(super) fn open_driver() -> Result<(libloading::Library, String)> {
+    let path = std::env::var("GPUMM_LIBCUDA").unwrap_or_else(|_| "libcuda.so.1".into());
+    // SAFETY: loading a shared library runs its initializers; libcuda's are the driver's.
+    let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| {
+        Error::InvalidState(format!(
+            "no CUDA driver: cannot load {path} ({e}); install the NVIDIA driver or set \
+             GPUMM_LIBCUDA to its path"
+        ))
+    })?;
+    Ok((lib, path))
+}
+
+/// A driver entry point from `lib` (loaded from `path`) as a function pointer of the type the
+/// binding expects.
+macro_rules! driver_sym {
+    ($lib:ident, $path:ident, $name:literal) => {
+        // SAFETY: the symbol has the C signature of the driver API entry point named (checked
+        // against cuda.h), and the library outlives the pointer (both live in one struct).
+        *unsafe { $lib.get($name) }.map_err(|e| {
+            Error::InvalidState(format!(
+                "the CUDA driver {} lacks {}: {e}",
+                $path,
+                String::from_utf8_lossy(&$name[..$name.len() - 1])
+            ))
+        })?
+    };
+}
+pub(super) use driver_sym;
+
+/// Makes the device's primary context current on the calling thread (the driver's context is
+/// per thread; the pool is called from any thread). Returns the device and context.
+///
+/// # Safety
+/// `init`, `device_get`, `retain` and `set_current` are the driver's entry points.
+pub(super) unsafe fn primary_context(
+    init: unsafe extern "C" fn(c_uint) -> CUresult,
+    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CUresult,
+    retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CUresult,
+    set_current: unsafe extern "C" fn(*mut c_void) -> CUresult,
+    ordinal: i32,
+) -> Result<(c_int, *mut c_void)> {
+    check("cuInit", init(0))?;
+    let mut dev = 0;
+    check("cuDeviceGet", device_get(&mut dev, ordinal))?;
+    let mut ctx = std::ptr::null_mut();
+    check("cuDevicePrimaryCtxRetain", retain(&mut ctx, dev))?;
+    check("cuCtxSetCurrent", set_current(ctx))?;
+    Ok((dev, ctx))
+}
+
 impl Cuda {
     /// Loads the driver (`GPUMM_LIBCUDA`, else `libcuda.so.1`), picks `device`, and reserves a
     /// direct map of `capacity` bytes (the device's memory if None).
     pub fn new(device: i32, capacity: Option<u64>) -> Result<Self> {
-        let path = std::env::var("GPUMM_LIBCUDA").unwrap_or_else(|_| "libcuda.so.1".into());
-        // SAFETY: loading a shared library runs its initializers; libcuda's are the driver's.
-        let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| {
-            Error::InvalidState(format!(
-                "no CUDA driver: cannot load {path} ({e}); install the NVIDIA driver or set \
-                 GPUMM_LIBCUDA to its path"
-            ))
-        })?;
+        let (lib, path) = open_driver()?;
         macro_rules! sym {
             ($name:literal) => {
-                // SAFETY: the symbol has the C signature of the driver API entry point named
-                // (checked against cuda.h), and the library outlives the pointer (both live in
-                // `Cuda`).
-                *unsafe { lib.get($name) }.map_err(|e| {
-                    Error::InvalidState(format!(
-                        "the CUDA driver {path} lacks {}: {e}",
-                        String::from_utf8_lossy(&$name[..$name.len() - 1])
-                    ))
-                })?
+                driver_sym!(lib, path, $name)
             };
         }
         let f = Fns {
@@ -170,15 +208,13 @@ impl Cuda {
         };
         // SAFETY (this block): driver calls with valid out-pointers to locals.
         let (dev, ctx, info) = unsafe {
-            check("cuInit", (f.init)(0))?;
-            let mut dev = 0;
-            check("cuDeviceGet", (f.device_get)(&mut dev, device))?;
-            let mut ctx = std::ptr::null_mut();
-            check(
-                "cuDevicePrimaryCtxRetain",
-                (f.primary_ctx_retain)(&mut ctx, dev),
+            let (dev, ctx) = primary_context(
+                f.init,
+                f.device_get,
+                f.primary_ctx_retain,
+                f.ctx_set_current,
+                device,
             )?;
-            check("cuCtxSetCurrent", (f.ctx_set_current)(ctx))?;
             let mut name = [0 as c_char; 256];
             check(
                 "cuDeviceGetName",
@@ -232,7 +268,15 @@ impl Cuda {
             direct,
             handles: Mutex::new(FxHashMap::default()),
             windows: Mutex::new(Vec::new()),
+            spare_events: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Makes this device's context current on the calling thread (per-thread driver state;
+    /// pools are used from many threads).
+    fn current(&self) {
+        // SAFETY: the primary context retained in `new`, alive as long as `self`.
+        unsafe { (self.f.ctx_set_current)(self.ctx as *mut c_void) };
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -313,6 +357,10 @@ impl Drop for Cuda {
             // SAFETY: our own reservations.
             unsafe { (self.f.address_free)(b, l as usize) };
         }
+        for ev in self.spare_events.lock().drain(..) {
+            // SAFETY: our own events, no longer used.
+            unsafe { (self.f.event_destroy)(ev as *mut c_void) };
+        }
         // SAFETY: our own reservation.
         unsafe { (self.f.address_free)(self.direct, self.capacity as usize) };
         let _ = self.ctx;
@@ -336,6 +384,7 @@ impl Backend for Cuda {
         self.direct
     }
     fn commit(&self, phys: u64, len: u64) -> Result<()> {
+        self.current();
         let g = self.info.granularity;
         let p = prop(self.device);
         let mut made = Vec::new();
@@ -385,6 +434,7 @@ impl Backend for Cuda {
         }
     }
     fn map(&self, va: u64, phys: u64, len: u64) -> Result<()> {
+        self.current();
         self.map_chunks(va, phys, len)
     }
     fn unmap(&self, va: u64, len: u64) -> Result<()> {
@@ -394,6 +444,7 @@ impl Backend for Cuda {
         })
     }
     fn copy(&self, dst: u64, src: u64, len: u64) -> Result<()> {
+        self.current();
         // SAFETY: both ranges are mapped device memory of this backend (the pool's own); the
         // copy is queued on the null stream, which is then waited for.
         unsafe {
@@ -406,6 +457,7 @@ impl Backend for Cuda {
         }
     }
     fn zero(&self, va: u64, len: u64) -> Result<()> {
+        self.current();
         // SAFETY: a mapped device range of the pool's; queued on the null stream, waited for.
         unsafe {
             let null = std::ptr::null_mut();
@@ -416,12 +468,15 @@ impl Backend for Cuda {
             check("cuStreamSynchronize", (self.f.stream_synchronize)(null))
         }
     }
-    /// A CUDA event recorded on `stream` (a `CUstream` handle; 0 is the null stream).
+    /// A CUDA event recorded on `stream` (a `CUstream` handle; 0 is the null stream). Events
+    /// are recycled: one that was reached goes back to a free list, not to the driver.
     fn fence(&self, stream: u64) -> Option<u64> {
-        let mut ev = std::ptr::null_mut();
-        // SAFETY: `ev` is a local; the stream handle is the caller's (PyTorch's, CuPy's).
+        self.current();
+        let mut ev = self.spare_events.lock().pop().unwrap_or(0) as *mut c_void;
+        // SAFETY: `ev` is a live event of ours or a local to create one into; the stream
+        // handle is the caller's (PyTorch's, CuPy's).
         unsafe {
-            if (self.f.event_create)(&mut ev, 2 /* CU_EVENT_DISABLE_TIMING */) != 0 {
+            if ev.is_null() && (self.f.event_create)(&mut ev, 2 /* DISABLE_TIMING */) != 0 {
                 return None;
             }
             if (self.f.event_record)(ev, stream as *mut c_void) != 0 {
@@ -432,16 +487,25 @@ impl Backend for Cuda {
         Some(ev as u64)
     }
     fn fence_done(&self, fence: u64) -> bool {
-        // SAFETY: an event made by `fence` and not yet destroyed. Only CUDA_ERROR_NOT_READY
+        self.current();
+        // SAFETY: an event made by `fence` and not yet dropped. Only CUDA_ERROR_NOT_READY
         // means "still running"; any other error cannot be waited out, so the free completes
         // rather than holding its memory forever.
         unsafe { (self.f.event_query)(fence as *mut c_void) != 600 }
     }
     fn fence_drop(&self, fence: u64) {
-        // SAFETY: as above; destroyed once.
-        unsafe { (self.f.event_destroy)(fence as *mut c_void) };
+        let mut spare = self.spare_events.lock();
+        if spare.len() < 1024 {
+            spare.push(fence);
+        } else {
+            drop(spare);
+            self.current();
+            // SAFETY: an event made by `fence`, no longer used by the pool.
+            unsafe { (self.f.event_destroy)(fence as *mut c_void) };
+        }
     }
     fn discard(&self, phys: u64, len: u64) {
+        self.current();
         let g = self.info.granularity;
         let mut off = phys / g * g;
         while off < phys + len {
@@ -483,7 +547,7 @@ mod tests {
         out
     }
 
-    fn pool_on(cuda: Cuda) -> (Pool, u64) {
+    fn pool_on(cuda: impl Backend + 'static) -> (Pool, u64) {
         let cap = cuda.capacity();
         let mut c = PmmConfig::new(
             cap,
@@ -577,10 +641,98 @@ mod tests {
         std::env::remove_var("FAKE_CUDA_FAIL_AT");
         std::env::remove_var("FAKE_CUDA_MEM");
 
+        pinned_host_pool();
+
         // no driver at all: a clear error
         std::env::set_var("GPUMM_LIBCUDA", "/nonexistent/libcuda.so.1");
         let e = Cuda::new(0, None).err().unwrap();
         assert!(e.to_string().contains("no CUDA driver"), "{e}");
+        let e = crate::backend::pinned::Pinned::new(0, 64 * M)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("no CUDA driver"), "{e}");
         std::env::remove_var("GPUMM_LIBCUDA");
+    }
+
+    /// The pinned host pool: pages are registered with the driver while the pool holds them,
+    /// stitched windows too, and every registration is undone.
+    fn pinned_host_pool() {
+        use crate::backend::pinned::Pinned;
+        let so = fake("pinned");
+        std::env::set_var("GPUMM_LIBCUDA", &so);
+        // SAFETY: the fake driver's test hook, `uint64_t fake_cuda_registered_bytes(void)`;
+        // the same library the backend loads (dlopen returns the loaded instance).
+        let lib = unsafe { libloading::Library::new(&so) }.unwrap();
+        let registered: libloading::Symbol<unsafe extern "C" fn() -> u64> =
+            unsafe { lib.get(b"fake_cuda_registered_bytes\0") }.unwrap();
+        let reg = || unsafe { registered() };
+        let (mut p, _) = pool_on(Pinned::new(0, 64 * M).unwrap());
+        let held: Vec<_> = (0..10)
+            .map(|_| {
+                p.alloc(Request {
+                    size: 2 * M,
+                    ..Request::default()
+                })
+                .unwrap()
+            })
+            .collect();
+        assert_eq!(reg(), p.stats().reserved_bytes);
+        for (id, _) in held.iter().step_by(2) {
+            p.free(*id).unwrap();
+        }
+        let (big, ptr) = p
+            .alloc(Request {
+                size: 10 * M,
+                ..Request::default()
+            })
+            .unwrap();
+        assert!(p.info(big).unwrap().stitched);
+        // the direct map's pages and the window are both registered
+        assert_eq!(reg(), p.stats().reserved_bytes + 10 * M);
+        // SAFETY: [ptr, ptr + 10 MiB) is the allocation: host memory mapped read-write.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, (10 * M) as usize) };
+        bytes.fill(7);
+        p.free(big).unwrap();
+        assert_eq!(reg(), p.stats().reserved_bytes);
+        p.trim(0).unwrap();
+        assert_eq!(reg(), 5 * 2 * M);
+        p.validate().unwrap();
+        p.close().unwrap();
+        drop(p);
+        assert_eq!(reg(), 0);
+
+        // a registration refused by the driver: the request fails or is retried, and what
+        // is registered is always exactly what the pool holds
+        std::env::set_var("FAKE_CUDA_FAIL_AT", "3");
+        let so = fake("pinned-fail");
+        std::env::set_var("GPUMM_LIBCUDA", &so);
+        let lib = unsafe { libloading::Library::new(&so) }.unwrap();
+        let registered: libloading::Symbol<unsafe extern "C" fn() -> u64> =
+            unsafe { lib.get(b"fake_cuda_registered_bytes\0") }.unwrap();
+        let (mut p, _) = pool_on(Pinned::new(0, 64 * M).unwrap());
+        let calls: libloading::Symbol<unsafe extern "C" fn() -> std::ffi::c_long> =
+            unsafe { lib.get(b"fake_cuda_calls\0") }.unwrap();
+        let mut live = Vec::new();
+        for _ in 0..3 {
+            match p.alloc(Request {
+                size: 4 * M,
+                ..Request::default()
+            }) {
+                Ok((a, _)) => live.push(a),
+                Err(Error::OutOfMemory(_)) => {}
+                Err(e) => panic!("{e:?}"),
+            }
+            assert_eq!(unsafe { registered() }, p.stats().reserved_bytes);
+            p.validate().unwrap();
+        }
+        assert!(unsafe { calls() } >= 3, "the injected failure was reached");
+        assert!(!live.is_empty());
+        for a in live {
+            p.free(a).unwrap();
+        }
+        p.validate().unwrap();
+        drop(p);
+        assert_eq!(unsafe { registered() }, 0);
+        std::env::remove_var("FAKE_CUDA_FAIL_AT");
     }
 }

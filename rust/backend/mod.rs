@@ -8,7 +8,9 @@
 //!   it; stitching maps memfd pages into a reserved window with `MAP_FIXED | MAP_SHARED`, so a
 //!   stitched allocation is really contiguous and a move is a real copy.
 //! - A CUDA backend implements the same calls with the driver's VMM API (`cuMemCreate`,
-//!   `cuMemAddressReserve`, `cuMemMap`, `cuMemcpy`, `cuMemsetD8`).
+//!   `cuMemAddressReserve`, `cuMemMap`, `cuMemcpyAsync`, `cuMemsetD8Async`, CUDA events).
+//! - [`pinned::Pinned`]: host memory as [`host::Host`] has it, page-locked for a CUDA device
+//!   with `cuMemHostRegister` while the pool uses it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,6 +20,8 @@ use crate::error::{Error, Result};
 pub mod cuda;
 #[cfg(target_os = "linux")]
 pub mod host;
+#[cfg(target_os = "linux")]
+pub mod pinned;
 
 /// The operations the allocator needs from the memory underneath. Physical addresses are
 /// offsets in `[0, capacity)`; virtual addresses are process (or device) addresses. All

@@ -47,16 +47,21 @@ pub extern "C" fn gpumm_torch_alloc(
     }
 }
 
-/// PyTorch's pluggable `free`. Immediate: PyTorch frees a block only once its stream's work
-/// is ordered after it (it records events itself for cross-stream use).
+/// PyTorch's pluggable `free`: PyTorch frees when the tensor is dropped on the host, while
+/// kernels on `stream` may still use it, so the free is ordered behind a CUDA event recorded
+/// on `stream` (the pool polls it): `stream` may reuse the memory at once, other streams and
+/// frameworks once the event is reached. A pointer the pool does not know is ignored.
 #[no_mangle]
 pub extern "C" fn gpumm_torch_free(
     ptr: *mut c_void,
     _size: isize,
     _device: c_int,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) {
     if let Some(pool) = C_POOL.read().clone() {
-        let _ = pool.lock().free_ptr(ptr as u64);
+        let mut p = pool.lock();
+        if let Ok(id) = p.id_of(ptr as u64) {
+            let _ = p.free_when_done(id, stream as u64);
+        }
     }
 }

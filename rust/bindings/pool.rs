@@ -40,8 +40,8 @@ fn current_scope(pool_id: u64) -> u32 {
 // ------------------------------------------------------------------------------------------
 // Backend
 
-/// Where a device's bytes live: "simulated" (accounting only) or "host" (a memfd, really
-/// mapped).
+/// Where a device's bytes live: "simulated" (accounting only), "host" (a memfd, really
+/// mapped), "pinned" (host memory page-locked for a GPU) or "cuda" (GPU memory).
 #[pyclass(module = "gpumm._core", name = "Backend", frozen)]
 pub struct PyBackend {
     inner: Arc<dyn Backend>,
@@ -51,8 +51,9 @@ pub struct PyBackend {
 
 #[pymethods]
 impl PyBackend {
-    /// `kind`: "simulated", "host" or "cuda" (the driver loaded at run time from
-    /// `libcuda.so.1` or `GPUMM_LIBCUDA`; `capacity` None means the device's memory).
+    /// `kind`: "simulated", "host", "pinned" (host memory page-locked for CUDA device
+    /// `device`) or "cuda" (the driver loaded at run time from `libcuda.so.1` or
+    /// `GPUMM_LIBCUDA`; `capacity` None means the device's memory).
     #[new]
     #[pyo3(signature = (kind, capacity = None, *, granularity = None, device = 0))]
     fn py_new(
@@ -74,6 +75,7 @@ impl PyBackend {
                 cuda: Some(info),
             });
         }
+        #[cfg(not(target_os = "linux"))]
         let _ = device;
         let capacity = match capacity {
             Some(c) => size_arg(py, c, "capacity")?,
@@ -105,11 +107,24 @@ impl PyBackend {
                         .py_err(py)?,
                 )
             }
+            #[cfg(target_os = "linux")]
+            "pinned" => {
+                if granularity.is_some() {
+                    return Err(to_pyerr(
+                        py,
+                        Error::InvalidArgument("the pinned backend maps 4 KiB pages".into()),
+                    ));
+                }
+                Arc::new(
+                    py.detach(|| backend::pinned::Pinned::new(device, capacity))
+                        .py_err(py)?,
+                )
+            }
             other => {
                 return Err(to_pyerr(
                     py,
                     Error::InvalidArgument(format!(
-                        "unknown backend {other:?}; known: 'simulated', 'host', 'cuda'"
+                        "unknown backend {other:?}; known: 'simulated', 'host', 'pinned', 'cuda'"
                     )),
                 ))
             }
@@ -173,7 +188,8 @@ pub struct PyPool {
     inner: SharedPool,
     id: u64,
     has_bytes: bool,
-    cuda: bool,
+    /// DLPack device type of its memory: kDLCPU, kDLCUDA or kDLCUDAHost (pinned).
+    dl: i32,
     on_failure: Option<Py<PyAny>>,
     tracking: AtomicBool,
 }
@@ -195,7 +211,7 @@ impl PyPool {
             pool: self.inner.clone(),
             pool_id: self.id,
             has_bytes: self.has_bytes,
-            cuda: self.cuda,
+            dl: self.dl,
             id: info.id,
             ptr: AtomicU64::new(info.ptr),
             size: info.size,
@@ -301,13 +317,17 @@ impl PyPool {
             backend: backend.get().inner.clone(),
         });
         let has_bytes = dev.backend.has_bytes();
-        let cuda = dev.backend.name() == "cuda";
+        let dl = match dev.backend.name() {
+            "cuda" => DL_CUDA,
+            "pinned" => DL_CUDA_HOST,
+            _ => DL_CPU,
+        };
         let pool = py.detach(|| Pool::new(dev, cfg)).py_err(py)?;
         Ok(PyPool {
             inner: Arc::new(Mutex::new(pool)),
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             has_bytes,
-            cuda,
+            dl,
             on_failure,
             tracking: AtomicBool::new(false),
         })
@@ -361,7 +381,7 @@ impl PyPool {
                 pool: this.inner.clone(),
                 pool_id: this.id,
                 has_bytes: this.has_bytes,
-                cuda: this.cuda,
+                dl: this.dl,
                 id,
                 ptr: AtomicU64::new(ptr),
                 size,
@@ -706,8 +726,9 @@ pub struct PyAllocation {
     pool: SharedPool,
     pool_id: u64,
     has_bytes: bool,
-    /// Device memory of a CUDA backend (exported with `__cuda_array_interface__`).
-    cuda: bool,
+    /// DLPack device type: kDLCUDA for device memory of a CUDA backend (exported with
+    /// `__cuda_array_interface__`), kDLCUDAHost for pinned host memory, else kDLCPU.
+    dl: i32,
     id: AllocId,
     ptr: AtomicU64,
     #[pyo3(get)]
@@ -725,7 +746,7 @@ impl PyAllocation {
             pool: self.pool.clone(),
             pool_id: self.pool_id,
             has_bytes: self.has_bytes,
-            cuda: self.cuda,
+            dl: self.dl,
             id: self.id,
             ptr: AtomicU64::new(self.ptr.load(Ordering::Relaxed)),
             size: self.size,
@@ -749,7 +770,7 @@ impl PyAllocation {
     }
 
     fn bytes_or_raise(&self, py: Python<'_>) -> PyResult<u64> {
-        if self.cuda {
+        if self.dl == DL_CUDA {
             return Err(PyBufferError::new_err(
                 "this allocation is GPU memory: use __cuda_array_interface__ or __dlpack__",
             ));
@@ -800,6 +821,13 @@ impl PyAllocation {
         quick_or_detached(py, &self.pool, op).py_err(py)
     }
 
+    /// Frees once the work queued on `stream` so far has finished (a CUDA event the pool
+    /// polls, on the CUDA backend; at once elsewhere). `stream` may reuse the memory at once.
+    fn free_when_done(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let s = stream_arg(stream)?;
+        quick_or_detached(py, &self.pool, |p: &mut Pool| p.free_when_done(self.id, s)).py_err(py)
+    }
+
     /// Writes zeros over the allocation (a no-op on a simulated device).
     fn zero(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |p| p.zero(self.id)).py_err(py)
@@ -842,7 +870,7 @@ impl PyAllocation {
     /// The CUDA array interface (v3) of device memory: a uint8 array of `size` bytes at `ptr`.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if !self.cuda {
+        if self.dl != DL_CUDA {
             return Err(pyo3::exceptions::PyAttributeError::new_err(
                 "__cuda_array_interface__: not device memory (this pool is not on a CUDA backend)",
             ));
@@ -856,9 +884,10 @@ impl PyAllocation {
         Ok(d)
     }
 
-    /// (device type, device id) for DLPack: kDLCPU for host memory, kDLCUDA for a CUDA pool.
+    /// (device type, device id) for DLPack: kDLCPU for host memory, kDLCUDA for a CUDA pool,
+    /// kDLCUDAHost for a pinned host pool.
     fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
-        if self.cuda {
+        if self.dl == DL_CUDA {
             return Ok((DL_CUDA, 0));
         }
         if !self.has_bytes {
@@ -866,7 +895,7 @@ impl PyAllocation {
                 "this allocation is on a simulated device: it has no bytes to export",
             ));
         }
-        Ok((DL_CPU, 0))
+        Ok((self.dl, 0))
     }
 
     /// A DLPack capsule of a uint8 tensor of `size` bytes. The allocation is pinned until the
@@ -882,8 +911,8 @@ impl PyAllocation {
         let py = slf.py();
         let _ = (stream, max_version);
         let this = slf.get();
-        let dev_type = if this.cuda { DL_CUDA } else { DL_CPU };
-        let ptr = if this.cuda {
+        let dev_type = this.dl;
+        let ptr = if this.dl == DL_CUDA {
             this.current_ptr(py)?
         } else {
             this.bytes_or_raise(py)?
@@ -1017,6 +1046,7 @@ impl PyAllocation {
 
 const DL_CPU: i32 = 1;
 const DL_CUDA: i32 = 2;
+const DL_CUDA_HOST: i32 = 3;
 const DLTENSOR: &CStr = c"dltensor";
 
 #[repr(C)]

@@ -4,7 +4,8 @@
  * ranges into them with MAP_FIXED | MAP_SHARED, so stitching behaves as on a GPU and the
  * bytes can be checked from the test. Environment:
  *   FAKE_CUDA_MEM      device memory in bytes (default 1 GiB)
- *   FAKE_CUDA_FAIL_AT  the N-th call of cuMemCreate / cuMemMap / cuMemAddressReserve fails
+ *   FAKE_CUDA_FAIL_AT  the N-th call of cuMemCreate / cuMemMap / cuMemAddressReserve /
+ *                      cuMemHostRegister fails
  *                      with CUDA_ERROR_OUT_OF_MEMORY (0: never)
  * Build: cc -shared -fPIC -O2 -o libfakecuda.so fake_cuda.c
  */
@@ -15,6 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <fcntl.h>
+#include <errno.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -159,6 +161,41 @@ CUresult cuEventQuery(void *ev) {
 CUresult cuEventDestroy_v2(void *ev) { free(ev); events_live--; return OK; }
 /* for tests: events created and not destroyed */
 long fake_cuda_events_live(void) { return events_live; }
+/* Host registration (pinning): ranges must not overlap one already registered and must be
+ * mapped writable (checked by populating them, as pinning does); fails with the failure
+ * counter too. */
+#define MAX_REGS 65536
+static struct { uintptr_t p; size_t n; } regs[MAX_REGS];
+static long nregs;
+static uint64_t reg_bytes;
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
+    (void)flags;
+    if (!initialized) return NOT_INITIALIZED;
+    if (!p || n == 0) return INVALID_VALUE;
+    if (trip()) return OUT_OF_MEMORY;
+    uintptr_t a = (uintptr_t)p;
+    for (long i = 0; i < nregs; i++)
+        if (a < regs[i].p + regs[i].n && regs[i].p < a + n) return 712; /* ALREADY_REGISTERED */
+    if (nregs == MAX_REGS) return OUT_OF_MEMORY;
+#ifdef MADV_POPULATE_WRITE
+    if (madvise((void *)(a & ~(uintptr_t)4095), n + (a & 4095), MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
+        return INVALID_VALUE; /* not mapped, or not writable */
+#endif
+    regs[nregs].p = a; regs[nregs].n = n; nregs++;
+    reg_bytes += n;
+    return OK;
+}
+CUresult cuMemHostUnregister(void *p) {
+    for (long i = 0; i < nregs; i++)
+        if (regs[i].p == (uintptr_t)p) {
+            reg_bytes -= regs[i].n;
+            regs[i] = regs[--nregs];
+            return OK;
+        }
+    return 713; /* HOST_MEMORY_NOT_REGISTERED */
+}
+/* for tests: bytes registered now */
+uint64_t fake_cuda_registered_bytes(void) { return reg_bytes; }
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) { (void)flags; *p = malloc(n); return *p ? OK : OUT_OF_MEMORY; }
 CUresult cuMemFreeHost(void *p) { free(p); return OK; }
 

@@ -20,7 +20,7 @@ class _Owner:
     def __del__(self) -> None:
         a = self.allocation
         if a is not None and not a.freed:
-            a.free()
+            a.free_when_done(a.stream)  # kernels on its stream may still be using it
 
 
 def allocator(pool: Any) -> Any:
