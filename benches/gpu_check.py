@@ -1,7 +1,6 @@
 """gpumm on a real NVIDIA GPU: every hook, a PyTorch training step and a CuPy computation sharing
 one pool, host-to-device copies from a pinned gpumm pool, a trace replayed on the device, and
-speed against PyTorch's caching allocator and
-cudaMallocAsync. Prints a table. Needs the NVIDIA driver, PyTorch with CUDA, and CuPy and Numba
+speed against PyTorch's caching allocator and cudaMallocAsync. Prints a table. Needs the NVIDIA driver, PyTorch with CUDA, and CuPy and Numba
 if their rows are wanted (missing ones are reported, not hidden).
 
     python benches/gpu_check.py [--steps 50] [--json out.json]
