@@ -82,10 +82,13 @@ def main() -> int:
             continue
         rows.append({"scenario": "Python churn (net of the loop)", "peer": name,
                      "gpumm_ns": g - null, "peer_ns": ns - null, "ratio": (g - null) / (ns - null)})
-    batch = py.get("gpumm alloc_batch (1024)")
-    if batch and g:
-        rows.append({"scenario": "Python alloc_batch vs single calls", "peer": "gpumm single",
-                     "gpumm_ns": batch / 1024, "peer_ns": g - null, "ratio": batch / 1024 / (g - null)})
+    for label, key in (("alloc_batch", "gpumm alloc_batch (1024)"),
+                       ("alloc_batch(arena=True)", "gpumm alloc_batch arena (1024)")):
+        batch = py.get(key)
+        if batch and g:
+            rows.append({"scenario": f"Python {label} vs single calls", "peer": "gpumm single",
+                         "gpumm_ns": batch / 1024, "peer_ns": g - null,
+                         "ratio": batch / 1024 / (g - null)})
     gp = dict(fills)
     for name, pct in fills:
         if not name.startswith("gpumm"):

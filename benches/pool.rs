@@ -5,6 +5,7 @@
 //!   random) and allocates a new random size in its place: one alloc + free pair.
 //! - `pair/1KiB`, `pair/3MiB`: a fixed-size pair on a warm pool.
 //! - `batch/mixed`: 1024 mixed sizes through `alloc_batch` then `free_batch`; reported per pair.
+//! - `batch/arena`: the same through `alloc_arena` (one placement for the 1024) and `free_batch`.
 
 use std::sync::Arc;
 
@@ -122,6 +123,13 @@ fn batch(c: &mut Criterion) {
         b.iter(|| {
             out.clear();
             p.alloc_batch(black_box(&sizes), 0, &mut out).unwrap();
+            p.free_batch(&out).unwrap();
+        })
+    });
+    g.bench_function("arena", |b| {
+        b.iter(|| {
+            out.clear();
+            p.alloc_arena(black_box(&sizes), 0, &mut out).unwrap();
             p.free_batch(&out).unwrap();
         })
     });

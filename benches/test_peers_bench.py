@@ -84,22 +84,25 @@ def peers():
 
 
 def make(name):
-    """(alloc, free) for a peer over 80 GiB."""
+    """(alloc, free, keep, arg) for a peer over 80 GiB: ``alloc`` and ``free`` are the
+    allocator's own calls (bound methods, no wrapper), and ``arg`` turns a byte size into what
+    ``alloc`` takes, applied to the whole stream before timing, so every peer's pair is the
+    same loop around two direct calls."""
     if name == "gpumm":
         pool = gpumm.MemoryPool(gpumm.Device(vidmem=80 * GiB))
-        return pool.alloc, (lambda a: a.free()), pool
+        return pool.alloc, gpumm.Allocation.free, pool, int
     if name == "tlsfallocator":
         import TLSFAllocator
 
         a = TLSFAllocator.OffsetAllocator(80 * GiB // UNIT, 128 * 1024)
-        return (lambda s: a.allocate(-(-s // UNIT))), a.free, a
+        return a.allocate, a.free, a, lambda s: -(-s // UNIT)
     if name == "virtual-allocator":
         import virtual_allocator as v
 
         a = v.Allocator(0, 80 * GiB, UNIT, UNIT, v.AllocationPolicy.BEST_FIT)
-        return (lambda s: a.allocate(-(-s // UNIT) * UNIT)), a.free, a
+        return a.allocate, a.free, a, lambda s: -(-s // UNIT) * UNIT
     bf = BestFit(80 * GiB)
-    return bf.allocate, bf.free, bf
+    return bf.allocate, bf.free, bf, int
 
 
 NAMES = list(peers())
@@ -109,9 +112,10 @@ NAMES = list(peers())
 def test_churn(benchmark, name):
     """One alloc + free pair of the mixed churn (log-uniform 256 B – 64 MiB, half the live set
     churning), through each allocator."""
-    alloc, free, keep = make(name)
+    alloc, free, keep, arg = make(name)
     first, steps = stream()
-    live = [alloc(s) for s in first]
+    live = [alloc(arg(s)) for s in first]
+    steps = [(slot, arg(size)) for slot, size in steps]
     it = itertools.cycle(steps)
 
     def pair():
@@ -143,17 +147,19 @@ def test_churn_null(benchmark):
     benchmark.pedantic(pair, rounds=20000, warmup_rounds=100)
 
 
-def test_churn_batch(benchmark):
-    """gpumm's alloc_batch + free_batch of 1024 mixed sizes (divide by 1024 for a pair)."""
+@pytest.mark.parametrize("arena", [False, True], ids=["batch", "arena"])
+def test_churn_batch(benchmark, arena):
+    """gpumm's alloc_batch + free_batch of 1024 mixed sizes (divide by 1024 for a pair); with
+    ``arena=True``, one placement for the 1024."""
     pool = gpumm.MemoryPool(gpumm.Device(vidmem=80 * GiB))
     first, steps = stream()
     keep = pool.alloc_batch(np.array(first[: LIVE // 2]))
     batch = np.array([s for _, s in steps[:1024]])
 
     def run():
-        pool.free_batch(pool.alloc_batch(batch))
+        pool.free_batch(pool.alloc_batch(batch, arena=arena))
 
     benchmark.group = "peers batch"
-    benchmark.extra_info["allocator"] = "gpumm alloc_batch (1024)"
+    benchmark.extra_info["allocator"] = f"gpumm alloc_batch{' arena' if arena else ''} (1024)"
     benchmark(run)
     assert len(keep) == LIVE // 2

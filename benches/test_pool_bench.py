@@ -63,14 +63,16 @@ def test_null_pair(benchmark):
     benchmark(pair)
 
 
-def test_batch_pairs(benchmark):
-    """1024 mixed sizes through alloc_batch then free_batch (divide by 1024 for a pair)."""
+@pytest.mark.parametrize("arena", [False, True], ids=["batch", "arena"])
+def test_batch_pairs(benchmark, arena):
+    """1024 mixed sizes through alloc_batch then free_batch (divide by 1024 for a pair); with
+    ``arena=True``, one placement for the 1024."""
     pool = gpumm.MemoryPool(gpumm.Device(vidmem=80 * GiB))
     keep = [pool.alloc(int(s)) for s in sizes(1024, 4)]
     batch = sizes(1024, 5)
 
     def run():
-        pool.free_batch(pool.alloc_batch(batch))
+        pool.free_batch(pool.alloc_batch(batch, arena=arena))
 
     benchmark.group = "pool batch of 1024"
     benchmark(run)

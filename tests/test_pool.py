@@ -199,6 +199,28 @@ def test_alloc_batch(pool):
     assert list(pool.alloc_batch([10, 20])) and pool.stats()["live_allocs"] == 2
 
 
+def test_alloc_batch_arena(pool):
+    sizes = np.array([100, 2 * MiB, 3 * MiB + 5, 1], dtype=np.int64)
+    ptrs = pool.alloc_batch(sizes, arena=True)
+    rounded = (sizes + 255) // 256 * 256
+    assert list(np.diff(ptrs.astype(np.int64))) == list(rounded[:-1])  # back to back
+    s = pool.stats()
+    assert s["live_allocs"] == 4 and s["live_bytes"] == int(sizes.sum())
+    assert s["used_bytes"] == int(rounded.sum())
+    pool.free(int(ptrs[1]))  # one member alone: its memory stays with the arena
+    assert pool.stats()["used_bytes"] == int(rounded.sum())
+    with pytest.raises(gpumm.InvalidFreeError):
+        pool.free_batch(ptrs)  # ptrs[1] is already freed: all or none
+    assert pool.stats()["live_allocs"] == 3
+    pool.free_batch(ptrs[[0, 2, 3]])
+    s = pool.stats()
+    assert s["live_allocs"] == 0 and s["used_bytes"] == 0
+    with pytest.raises(gpumm.InvalidSizeError):
+        pool.alloc_batch([10, 0], arena=True)
+    assert pool.stats()["live_allocs"] == 0
+    pool.validate()
+
+
 def test_free_by_pointer(pool):
     a = pool.alloc(5000)
     pool.free(a.ptr)

@@ -131,7 +131,13 @@ def test_sixteen_threads_stress():
                 elif r < 0.985:
                     pool.synchronize(rng.randrange(4))
                 else:
-                    ptrs = pool.alloc_batch([rng.randrange(1, 5000) for _ in range(8)])
+                    arena = rng.random() < 0.5
+                    sizes = [rng.randrange(1, 5000) for _ in range(8)]
+                    ptrs = pool.alloc_batch(sizes, arena=arena)
+                    for p, n in zip(ptrs, sizes):  # the bytes are this thread's
+                        ctypes.memset(int(p), seed, n)
+                    for p, n in zip(ptrs, sizes):
+                        assert ctypes.string_at(int(p), n) == bytes([seed]) * n
                     pool.free_batch(ptrs)
                 ops[seed - 1] += 1
             with lock:

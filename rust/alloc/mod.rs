@@ -266,6 +266,9 @@ enum State {
     Live,
     /// Freed on a stream; waits for that stream's fence.
     Freeing,
+    /// The memory of an arena batch (`alloc_arena`): not an allocation a caller sees; its
+    /// members point into it, and it goes back when the last of them is freed.
+    Group,
 }
 
 /// Where an allocation's memory is. Small and `Copy`: stitched layouts live in their own
@@ -277,6 +280,8 @@ enum Layout {
     Block(u32),
     /// An entry of `Pool::stitches`.
     Stitched(u32),
+    /// Part of the memory of the group (arena batch) in that slot.
+    Member(u32),
 }
 
 #[derive(Clone, Debug, Default)]
@@ -307,6 +312,8 @@ struct Alloc {
     /// The fence of a pending stream-ordered free.
     fence: u64,
     layout: Layout,
+    /// A group: how many of its members are not yet freed.
+    members: u32,
 }
 
 #[derive(Default, Debug)]
@@ -1122,7 +1129,7 @@ impl Pool {
     #[inline]
     fn address(&mut self, layout: Layout) -> Result<u64> {
         match layout {
-            Layout::None => unreachable!("no layout"),
+            Layout::None | Layout::Member(_) => unreachable!("not a placed layout"),
             Layout::Block(b) => {
                 let blk = self.blocks[b as usize];
                 Ok(self.direct_addr(blk.page, blk.off))
@@ -1201,6 +1208,19 @@ impl Pool {
     fn unplace(&mut self, layout: Layout) {
         match layout {
             Layout::None => {}
+            Layout::Member(g) => {
+                let x = &mut self.allocs[g as usize];
+                x.members -= 1;
+                if x.members == 0 {
+                    // the last member: the group's memory goes back
+                    let (units, layout) = (x.units, std::mem::replace(&mut x.layout, Layout::None));
+                    x.state = State::Vacant;
+                    x.generation = x.generation.wrapping_add(1);
+                    self.unplace(layout);
+                    self.vacant_allocs.push(g);
+                    self.counters.used_bytes -= units * GRANULE;
+                }
+            }
             Layout::Block(b) => self.release_block(b),
             Layout::Stitched(i) => {
                 let st = std::mem::take(&mut self.stitches[i as usize]);
@@ -1247,6 +1267,7 @@ impl Pool {
                 scope: 0,
                 fence: 0,
                 layout: Layout::None,
+                members: 0,
             });
             (self.allocs.len() - 1) as u32
         }
@@ -1269,12 +1290,18 @@ impl Pool {
             stream: x.stream,
             freeing: x.state == State::Freeing,
             movable: x.movable,
-            stitched: matches!(
-                x.layout,
-                Layout::Stitched(i) if self.stitches[i as usize].window != NIL
-            ),
+            stitched: self.is_stitched(x.layout),
             pins: x.pins,
             scope: x.scope,
+        }
+    }
+
+    /// Whether a layout (a member's: its group's) is mapped through the stitching window.
+    fn is_stitched(&self, layout: Layout) -> bool {
+        match layout {
+            Layout::Stitched(i) => self.stitches[i as usize].window != NIL,
+            Layout::Member(g) => self.is_stitched(self.allocs[g as usize].layout),
+            _ => false,
         }
     }
 
@@ -1324,12 +1351,18 @@ impl Pool {
 
     /// Allocates `req.size` bytes. On failure nothing is allocated; the error says why.
     pub fn alloc(&mut self, req: Request) -> Result<(AllocId, u64)> {
+        self.alloc_req(req, true)
+    }
+
+    /// `alloc`; `reuse`: a pending free on the request's stream may serve it.
+    #[inline]
+    fn alloc_req(&mut self, req: Request, reuse: bool) -> Result<(AllocId, u64)> {
         self.open()?;
         let units = self.validate_size(req.size)?;
         self.counters.calls += 1;
         let timed = self.counters.calls % LATENCY_SAMPLE == 0;
         let t0 = timed.then(Instant::now);
-        let r = self.alloc_inner(req, units);
+        let r = self.alloc_inner(req, units, reuse);
         if let Some(t0) = t0 {
             self.latency.record(t0.elapsed().as_nanos() as u64);
         }
@@ -1337,9 +1370,11 @@ impl Pool {
         r
     }
 
-    fn alloc_inner(&mut self, req: Request, units: u64) -> Result<(AllocId, u64)> {
-        if let Some(r) = self.reuse(req, units) {
-            return Ok(r);
+    fn alloc_inner(&mut self, req: Request, units: u64, reuse: bool) -> Result<(AllocId, u64)> {
+        if reuse {
+            if let Some(r) = self.reuse(req, units) {
+                return Ok(r);
+            }
         }
         // Memory freed on streams whose work has finished (CUDA events) comes back before the
         // pool would grow for it, and every 64 calls otherwise.
@@ -1534,7 +1569,10 @@ impl Pool {
             m.remove(ptr);
         }
         self.vacant_allocs.push(a);
-        self.counters.used_bytes -= units * GRANULE;
+        if !matches!(layout, Layout::Member(_)) {
+            // a member's memory stays used until its group goes back (in `unplace`)
+            self.counters.used_bytes -= units * GRANULE;
+        }
         if freeing {
             self.counters.freeing_bytes -= units * GRANULE;
         }
@@ -1558,7 +1596,7 @@ impl Pool {
         self.by_ptr.get_or_insert_with(|| {
             let mut m = PtrMap::default();
             for (a, x) in allocs.iter().enumerate() {
-                if x.state != State::Vacant {
+                if matches!(x.state, State::Live | State::Freeing) {
                     m.insert(x.ptr, a as u32);
                 }
             }
@@ -1577,10 +1615,11 @@ impl Pool {
                 _ => Ok(a),
             };
         }
-        let inside = self
-            .allocs
-            .iter()
-            .find(|x| x.state != State::Vacant && ptr > x.ptr && ptr < x.ptr + x.units * GRANULE);
+        let inside = self.allocs.iter().find(|x| {
+            matches!(x.state, State::Live | State::Freeing)
+                && ptr > x.ptr
+                && ptr < x.ptr + x.units * GRANULE
+        });
         Err(match inside {
             Some(x) => Error::InvalidFree(format!(
                 "{ptr:#x} points inside the allocation at {:#x} (interior pointer)",
@@ -1767,21 +1806,113 @@ impl Pool {
         result
     }
 
+    /// Allocates every size in `sizes` as one arena (all or none): one placement holds them
+    /// all, back to back at the pool's 256-byte alignment, and goes back to the pool when the
+    /// last of them is freed. Each is an allocation of its own (freed by pointer, alone or in
+    /// `free_batch`, listed, tracked), but memory freed early is not reusable until the whole
+    /// arena is: for buffers that live and die together (one step's activations, a batch of
+    /// staging buffers). One placement instead of one per size makes it several times cheaper
+    /// than `alloc_batch` per allocation, and packs small sizes with no per-page rounding.
+    pub fn alloc_arena(&mut self, sizes: &[u64], stream: u64, out: &mut Vec<u64>) -> Result<()> {
+        self.open()?;
+        let mut total = 0u64;
+        for &size in sizes {
+            total = total.saturating_add(self.validate_size(size)?);
+        }
+        if total == 0 {
+            return Ok(());
+        }
+        let bytes = total.saturating_mul(GRANULE);
+        if bytes > self.max_size() {
+            return Err(invalid_size(format!(
+                "cannot allocate an arena of {}: larger than the pool can ever hold ({})",
+                format_size(bytes),
+                format_size(self.max_size())
+            )));
+        }
+        self.ptr_index(); // the caller will free by pointer
+        let (peak_live, peak_used) = (self.counters.peak_live, self.counters.peak_used);
+        // (never a pending free's memory: that may be a member of another arena)
+        let req = Request {
+            size: bytes,
+            stream,
+            ..Request::default()
+        };
+        let (id, base) = self.alloc_req(req, false)?;
+        // The group holds the memory but is not an allocation a caller sees: undo its
+        // counting as one; its members are counted instead.
+        let g = id.index;
+        let c = &mut self.counters;
+        c.allocs -= 1;
+        c.live_bytes -= bytes;
+        c.used_bytes -= bytes;
+        c.peak_live = peak_live;
+        c.peak_used = peak_used;
+        if let Some(m) = &mut self.by_ptr {
+            m.remove(base);
+        }
+        let x = &mut self.allocs[g as usize];
+        x.state = State::Group;
+        x.members = sizes.len() as u32;
+        out.reserve(sizes.len());
+        let mut ptr = base;
+        for &size in sizes {
+            let units = size.div_ceil(GRANULE);
+            let a = self.new_slot();
+            let x = &mut self.allocs[a as usize];
+            x.state = State::Live;
+            x.size = size;
+            x.units = units;
+            x.ptr = ptr;
+            x.stream = stream;
+            x.movable = false;
+            x.pins = 0;
+            x.scope = 0;
+            x.layout = Layout::Member(g);
+            if let Some(m) = &mut self.by_ptr {
+                m.insert(ptr, a);
+            }
+            self.count_alloc(size, units);
+            out.push(ptr);
+            ptr += units * GRANULE;
+        }
+        self.check();
+        Ok(())
+    }
+
     /// Frees every pointer in `ptrs` (all or none: each must be a live, unpinned allocation,
     /// named once).
     pub fn free_batch(&mut self, ptrs: &[u64]) -> Result<()> {
+        // Slots are marked while checked (a pin count no allocation can have), which finds a
+        // pointer named twice without a set; on an error the marks are taken off.
+        const MARK: u32 = u32::MAX;
         let mut slots = Vec::with_capacity(ptrs.len());
-        let mut seen = rustc_hash::FxHashSet::default();
+        let mut result = Ok(());
         for &p in ptrs {
-            let a = self.slot_of_ptr(p)?;
-            self.check_unpinned(a)?;
-            if !seen.insert(a) {
-                return Err(Error::InvalidFree(format!(
+            let a = match self.slot_of_ptr(p) {
+                Ok(a) => a,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            };
+            if self.allocs[a as usize].pins == MARK {
+                result = Err(Error::InvalidFree(format!(
                     "{p:#x} appears twice in one free"
                 )));
+                break;
             }
+            if let Err(e) = self.check_unpinned(a) {
+                result = Err(e);
+                break;
+            }
+            self.allocs[a as usize].pins = MARK;
             slots.push(a);
         }
+        for &a in &slots {
+            self.allocs[a as usize].pins = 0;
+        }
+        result?;
         for a in slots {
             self.counters.live_bytes -= self.allocs[a as usize].size;
             self.counters.frees += 1;
@@ -1819,7 +1950,7 @@ impl Pool {
     /// Every live and freeing allocation.
     pub fn allocations(&self) -> Vec<AllocInfo> {
         (0..self.allocs.len() as u32)
-            .filter(|&a| self.allocs[a as usize].state != State::Vacant)
+            .filter(|&a| matches!(self.allocs[a as usize].state, State::Live | State::Freeing))
             .map(|a| self.info_of(a))
             .collect()
     }
@@ -2044,7 +2175,8 @@ impl Pool {
         let mut live = 0;
         for a in 0..self.allocs.len() as u32 {
             let st = self.allocs[a as usize].state;
-            if st != State::Vacant {
+            // a group goes back with its last member
+            if matches!(st, State::Live | State::Freeing) {
                 if st == State::Live {
                     live += 1;
                     self.counters.live_bytes -= self.allocs[a as usize].size;

@@ -234,7 +234,7 @@ impl Pool {
                     s.pending_frees += 1;
                     continue;
                 }
-                State::Vacant => continue,
+                State::Vacant | State::Group => continue,
             }
             let upper = x.size.next_power_of_two().max(GRANULE);
             match classes.iter_mut().find(|c| c.0 == upper) {
@@ -248,6 +248,32 @@ impl Pool {
         classes.sort_unstable();
         s.live_by_size = classes;
         s
+    }
+
+    /// Granules a placed layout holds (None for none); adds its window pages to `mapped`.
+    fn held_granules(&self, layout: Layout, mapped: &mut u64) -> Option<u64> {
+        match layout {
+            Layout::Block(b) => Some(self.blocks[b as usize].len as u64),
+            Layout::Stitched(i) => {
+                let st = &self.stitches[i as usize];
+                if st.window != NIL {
+                    *mapped += st.window_len as u64;
+                }
+                let part = |b: u32| {
+                    if b == NIL {
+                        0
+                    } else {
+                        self.blocks[b as usize].len as u64
+                    }
+                };
+                Some(
+                    part(st.head)
+                        + part(st.tail)
+                        + st.runs.iter().map(|r| r.1 as u64).sum::<u64>() * self.pg as u64,
+                )
+            }
+            Layout::None | Layout::Member(_) => None,
+        }
     }
 
     /// Checks every invariant of the module comment and recomputes every counter; returns a
@@ -330,7 +356,7 @@ impl Pool {
                                     let st = &self.stitches[*i as usize];
                                     st.head == b || st.tail == b
                                 }
-                                Layout::None => false,
+                                Layout::None | Layout::Member(_) => false,
                             };
                             if x.state == State::Vacant || !owns {
                                 return Err(format!("used block {b} of page {p} has no owner"));
@@ -406,11 +432,32 @@ impl Pool {
         }
         let (mut live, mut used, mut freeing, mut mapped) = (0u64, 0u64, 0u64, 0u64);
         let mut n = 0usize;
+        // groups (arena batches): units not held by an unfreed member count as used
+        let mut group_left: FxHashMap<u32, (u64, u32)> = FxHashMap::default();
         for (a, x) in self.allocs.iter().enumerate() {
-            if x.state == State::Vacant {
+            if x.state == State::Group {
+                group_left.insert(a as u32, (x.units, x.members));
+            }
+        }
+        for (a, x) in self.allocs.iter().enumerate() {
+            if matches!(x.state, State::Vacant | State::Group) {
                 continue;
             }
             n += 1;
+            if let Layout::Member(g) = x.layout {
+                let grp = &self.allocs[g as usize];
+                let Some(left) = group_left.get_mut(&g) else {
+                    return Err(format!("member {a} of {g}, which is not a group"));
+                };
+                if x.ptr < grp.ptr || x.ptr + x.units * GRANULE > grp.ptr + grp.units * GRANULE {
+                    return Err(format!("member {a} lies outside its group {g}"));
+                }
+                if left.0 < x.units || left.1 == 0 {
+                    return Err(format!("group {g} has more members than it counts"));
+                }
+                left.0 -= x.units;
+                left.1 -= 1;
+            }
             if self
                 .by_ptr
                 .as_ref()
@@ -425,33 +472,39 @@ impl Pool {
             match x.state {
                 State::Live => live += x.size,
                 State::Freeing => freeing += x.units * GRANULE,
-                State::Vacant => {}
+                State::Vacant | State::Group => {}
             }
-            let held = match &x.layout {
-                Layout::Block(b) => self.blocks[*b as usize].len as u64,
-                Layout::Stitched(i) => {
-                    let st = &self.stitches[*i as usize];
-                    if st.window != NIL {
-                        mapped += st.window_len as u64;
-                    }
-                    let part = |b: u32| {
-                        if b == NIL {
-                            0
-                        } else {
-                            self.blocks[b as usize].len as u64
-                        }
-                    };
-                    part(st.head)
-                        + part(st.tail)
-                        + st.runs.iter().map(|r| r.1 as u64).sum::<u64>() * self.pg as u64
-                }
-                Layout::None => return Err(format!("allocation {a} has no memory")),
+            let held = match x.layout {
+                Layout::Member(_) => x.units,
+                l => self
+                    .held_granules(l, &mut mapped)
+                    .ok_or_else(|| format!("allocation {a} has no memory"))?,
             };
             if held != x.units {
                 return Err(format!(
                     "allocation {a} holds {held} granules of {}",
                     x.units
                 ));
+            }
+        }
+        for (a, x) in self.allocs.iter().enumerate() {
+            if x.state != State::Group {
+                continue;
+            }
+            let (dead, members) = group_left[&(a as u32)];
+            if members != 0 {
+                return Err(format!(
+                    "group {a} counts {members} members it does not have"
+                ));
+            }
+            used += dead * GRANULE;
+            let held = match x.layout {
+                Layout::Member(_) => None,
+                l => self.held_granules(l, &mut mapped),
+            }
+            .ok_or_else(|| format!("group {a} has no memory"))?;
+            if held != x.units {
+                return Err(format!("group {a} holds {held} granules of {}", x.units));
             }
         }
         if let Some(m) = &self.by_ptr {

@@ -325,6 +325,65 @@ fn batches_are_all_or_nothing() {
 }
 
 #[test]
+fn arenas_pack_their_members_and_go_back_with_the_last() {
+    let mut p = pool(64 * MIB);
+    let mut out = vec![];
+    let sizes = [100, 3 * MIB, 256, 5000, MIB];
+    p.alloc_arena(&sizes, 0, &mut out).unwrap();
+    // back to back at 256-byte alignment, in one placement
+    let rounded: Vec<u64> = sizes.iter().map(|s| s.div_ceil(256) * 256).collect();
+    for i in 1..out.len() {
+        assert_eq!(out[i], out[i - 1] + rounded[i - 1]);
+    }
+    let total: u64 = rounded.iter().sum();
+    let s = p.stats();
+    assert_eq!(s.live_allocs, 5);
+    assert_eq!(s.live_bytes, sizes.iter().sum::<u64>());
+    assert_eq!(s.used_bytes, total);
+    assert_eq!(p.allocations().len(), 5);
+    // one freed early: counted as freed, its memory still held by the arena
+    let before = p.stats();
+    p.free_ptr(out[1]).unwrap();
+    let s = p.stats();
+    assert_eq!(s.live_allocs, 4);
+    assert_eq!(s.live_bytes, before.live_bytes - 3 * MIB);
+    assert_eq!(s.used_bytes, total);
+    assert_eq!(s.reserved_bytes, before.reserved_bytes);
+    // a new request does not land in the arena's freed member
+    let (x, xp) = p.alloc(req(3 * MIB)).unwrap();
+    assert!(xp + 3 * MIB <= out[0] || xp >= out[0] + total);
+    p.free(x).unwrap();
+    // bad frees change nothing: interior, twice in one batch, already freed
+    assert!(p.free_ptr(out[0] + 256).is_err());
+    assert!(p.free_batch(&[out[0], out[0]]).is_err());
+    assert!(p.free_batch(&[out[0], out[1]]).is_err());
+    assert_eq!(p.stats().live_allocs, 4);
+    // a pinned member cannot be freed, in a batch or alone
+    let id = p.id_of(out[2]).unwrap();
+    p.pin(id).unwrap();
+    assert!(p.free_batch(&[out[0], out[2]]).is_err());
+    p.unpin(id).unwrap();
+    // stream-ordered: a member waits for its fence like any allocation
+    let id4 = p.id_of(out[4]).unwrap();
+    let f = p.free_async(id4, 7).unwrap();
+    p.free_batch(&[out[0], out[2], out[3]]).unwrap();
+    assert_eq!(p.stats().used_bytes, total); // the pending member holds the arena
+    p.complete(f).unwrap();
+    let s = p.stats();
+    assert_eq!((s.live_allocs, s.used_bytes, s.live_bytes), (0, 0, 0));
+    p.validate().unwrap();
+    // refused arenas: a zero size, or more than the pool can hold; nothing changes
+    assert!(p.alloc_arena(&[MIB, 0], 0, &mut out).is_err());
+    assert!(p.alloc_arena(&[40 * MIB, 40 * MIB], 0, &mut out).is_err());
+    assert_eq!(out.len(), 5);
+    assert_eq!(p.stats().live_allocs, 0);
+    // an arena still live when the pool closes goes back with it
+    let mut out = vec![];
+    p.alloc_arena(&[MIB, MIB], 0, &mut out).unwrap();
+    assert_eq!(p.close().unwrap(), 2);
+}
+
+#[test]
 fn release_threshold_gives_pages_back() {
     let dev = device(64 * MIB);
     let mut cfg = PoolConfig::new(2 * MIB);
@@ -429,6 +488,7 @@ fn host_defrag_moves_bytes() {
 #[derive(Clone, Debug)]
 enum Op {
     Alloc(u64, u64, bool),
+    Arena(Vec<u64>, u64),
     Free(usize),
     FreePtr(usize),
     FreeAsync(usize, u64),
@@ -446,7 +506,8 @@ fn op() -> impl Strategy<Value = Op> {
         (9u64 << 20)..(40 << 20),
     ];
     prop_oneof![
-        6 => (size, 0u64..3, any::<bool>()).prop_map(|(s, st, m)| Op::Alloc(s, st, m)),
+        6 => (size.clone(), 0u64..3, any::<bool>()).prop_map(|(s, st, m)| Op::Alloc(s, st, m)),
+        1 => (proptest::collection::vec(size, 1..6), 0u64..3).prop_map(|(v, st)| Op::Arena(v, st)),
         3 => any::<usize>().prop_map(Op::Free),
         1 => any::<usize>().prop_map(Op::FreePtr),
         2 => (any::<usize>(), 0u64..3).prop_map(|(i, s)| Op::FreeAsync(i, s)),
@@ -471,6 +532,16 @@ proptest! {
                     match p.alloc(Request { size, stream, movable, scope: 0 }) {
                         Ok((id, _)) => live.push(id),
                         Err(Error::OutOfMemory(_)) => {}
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+                Op::Arena(sizes, stream) => {
+                    let mut out = vec![];
+                    match p.alloc_arena(&sizes, stream, &mut out) {
+                        Ok(()) => live.extend(out.iter().map(|&ptr| p.id_of(ptr).unwrap())),
+                        Err(Error::OutOfMemory(_) | Error::InvalidSize(_)) => {
+                            prop_assert!(out.is_empty())
+                        }
                         Err(e) => panic!("{e:?}"),
                     }
                 }

@@ -459,18 +459,26 @@ impl PyPool {
     }
 
     /// Allocates every size of `sizes` (a buffer of int64/uint64, e.g. a numpy array) in one
-    /// call: all or none. Returns the pointers as bytes of native uint64.
-    #[pyo3(signature = (sizes, stream = 0))]
+    /// call: all or none. Returns the pointers as bytes of native uint64. `arena`: one
+    /// placement for them all, given back when the last is freed (see `alloc_batch`).
+    #[pyo3(signature = (sizes, stream = 0, arena = false))]
     fn alloc_batch_raw<'py>(
         &self,
         py: Python<'py>,
         sizes: &Bound<'py, PyAny>,
         stream: u64,
+        arena: bool,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let sizes = u64_buffer(py, sizes, "sizes")?;
         let mut out = Vec::with_capacity(sizes.len());
-        self.with(py, |p| p.alloc_batch(&sizes, stream, &mut out))
-            .py_err(py)?;
+        self.with(py, |p| {
+            if arena {
+                p.alloc_arena(&sizes, stream, &mut out)
+            } else {
+                p.alloc_batch(&sizes, stream, &mut out)
+            }
+        })
+        .py_err(py)?;
         Ok(PyBytes::new(py, as_bytes(&out)))
     }
 
