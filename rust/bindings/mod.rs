@@ -53,6 +53,10 @@ fn size_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64>
         )));
     }
     if obj.is_instance_of::<PyInt>() {
+        // the common case first: a non-negative int that fits (no 128-bit conversion)
+        if let Ok(v) = obj.extract::<u64>() {
+            return Ok(v);
+        }
         let v: i128 = obj
             .extract()
             .map_err(|_| to_pyerr(py, Error::InvalidSize(format!("{what} is too large"))))?;
