@@ -184,6 +184,21 @@ def test_pluggable_allocator_c_functions(cuda_pool):
         _core._set_c_pool(None)
 
 
+def test_one_stream_frees_at_once(cuda_pool):
+    """While every request is on one stream, a free on it needs no event: what reuses the
+    memory is queued after the work that used it (as in PyTorch's own allocator)."""
+    lib = _c_functions()
+    _core._set_c_pool(cuda_pool)
+    try:
+        s = ctypes.c_void_p(5)
+        p = lib.gpumm_torch_alloc(3 * MiB, 0, s)
+        lib.gpumm_torch_free(p, 3 * MiB, 0, s)
+        assert cuda_pool.stats()["pending_frees"] == 0
+        assert lib.gpumm_torch_alloc(MiB, 0, s) == p  # reused at once, any size
+    finally:
+        _core._set_c_pool(None)
+
+
 def test_torch_hook(cuda_pool, monkeypatch):
     calls = {}
     torch = types.ModuleType("torch")
@@ -235,26 +250,28 @@ def test_cupy_and_pytorch_share_one_pool(cuda_pool, monkeypatch):
 
     hook.use(cuda_pool)
     malloc = made.pop()[1]
+    _core._set_c_pool(cuda_pool)
+    lib = _c_functions()
+    held = lib.gpumm_torch_alloc(MiB, 0, None)  # PyTorch works on stream 0, CuPy on stream 3
     m = malloc(5 * MiB)
-    assert cuda_pool.stats()["live_bytes"] == 5 * MiB and m.mem.owner.allocation.stream == 3
+    assert cuda_pool.stats()["live_bytes"] == 6 * MiB and m.mem.owner.allocation.stream == 3
     ptr = m.ptr
     del m, made[:]  # CuPy drops it: the pool gets it back
     import gc
 
     gc.collect()
-    assert cuda_pool.stats()["live_allocs"] == 0
+    assert cuda_pool.stats()["live_allocs"] == 1  # PyTorch's
     # CuPy's kernels on stream 3 may still be running: the free waits for an event there
     assert cuda_pool.stats()["pending_frees"] == 1
     for _ in range(4):
         cuda_pool.poll()
     assert cuda_pool.stats()["pending_frees"] == 0
     # PyTorch (the C functions) reuses what CuPy freed
-    _core._set_c_pool(cuda_pool)
     try:
-        lib = _c_functions()
         p = lib.gpumm_torch_alloc(5 * MiB, 0, None)
         assert p == ptr
         lib.gpumm_torch_free(p, 5 * MiB, 0, None)
+        lib.gpumm_torch_free(held, MiB, 0, None)
     finally:
         _core._set_c_pool(None)
 

@@ -396,6 +396,11 @@ pub struct Pool {
     /// would, `quick_miss` is set and nothing changes.
     quick: bool,
     quick_miss: bool,
+    /// The stream of the first request, and whether a request on another stream has come
+    /// since: while every request is on one stream, its work runs in order and a free by that
+    /// stream needs no event (`free_when_done`).
+    first_stream: Option<u64>,
+    streams_mixed: bool,
 }
 
 fn invalid_size(msg: String) -> Error {
@@ -500,6 +505,8 @@ impl Pool {
             closed: false,
             quick: false,
             quick_miss: false,
+            first_stream: None,
+            streams_mixed: false,
             cfg,
             dev,
         };
@@ -1359,6 +1366,11 @@ impl Pool {
     fn alloc_req(&mut self, req: Request, reuse: bool) -> Result<(AllocId, u64)> {
         self.open()?;
         let units = self.validate_size(req.size)?;
+        match self.first_stream {
+            Some(s) if s != req.stream => self.streams_mixed = true,
+            None => self.first_stream = Some(req.stream),
+            _ => {}
+        }
         self.counters.calls += 1;
         let timed = self.counters.calls % LATENCY_SAMPLE == 0;
         let t0 = timed.then(Instant::now);
@@ -1662,7 +1674,17 @@ impl Pool {
     /// backend fence (a CUDA event, polled by the pool) where the backend has streams, else
     /// at once. `stream` itself may reuse the memory right away. What frameworks' free hooks
     /// call: they free when the host drops a tensor, while kernels may still be using it.
+    ///
+    /// While every request the pool has served was on `stream` (one PyTorch stream, say), the
+    /// free is immediate: whatever reuses the memory is queued on that stream after the work
+    /// that used it, as in PyTorch's own allocator. Events start with the second stream.
     pub fn free_when_done(&mut self, id: AllocId, stream: u64) -> Result<()> {
+        if !self.streams_mixed && self.first_stream == Some(stream) {
+            let a = self.resolve(id)?;
+            if self.allocs[a as usize].stream == stream {
+                return self.free(id);
+            }
+        }
         let fence = self.free_async(id, stream)?;
         if !self.events.contains_key(&fence) {
             self.complete(fence)?;
