@@ -10,6 +10,18 @@ import gpumm
 from gpumm.units import KiB, MiB
 
 
+def run_threads(worker, n, errors, pool):
+    """Runs ``worker(1..n)`` on n threads, then checks that none failed and the pool is sound."""
+    threads = [threading.Thread(target=worker, args=(i + 1,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    pool.synchronize()
+    pool.validate()
+
+
 def test_eight_threads_on_one_pool():
     pool = gpumm.MemoryPool(gpumm.Device(backend="host", vidmem="256MiB"))
     errors = []
@@ -45,14 +57,7 @@ def test_eight_threads_on_one_pool():
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=worker, args=(i + 1,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[:5]
-    pool.synchronize()
-    pool.validate()
+    run_threads(worker, 8, errors, pool)
     s = pool.stats()
     assert s["live_allocs"] == 0 and s["used_bytes"] == 0
     assert s["allocs"] == s["frees"] > 1000
@@ -145,14 +150,7 @@ def test_sixteen_threads_stress():
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(f"thread {seed}: {e!r}")
 
-    threads = [threading.Thread(target=worker, args=(i + 1,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[:5]
-    pool.synchronize()
-    pool.validate()
+    run_threads(worker, 16, errors, pool)
     spans = sorted((a.ptr, a.ptr + a.size) for a, _ in survivors)
     for (s0, e0), (s1, _) in zip(spans, spans[1:]):
         assert e0 <= s1, "live allocations overlap"

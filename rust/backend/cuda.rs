@@ -564,6 +564,31 @@ mod tests {
         (Pool::new(dev, cfg).unwrap(), cap)
     }
 
+    /// Ten 2 MiB allocations, every other one freed, then a 10 MiB request: stitched across
+    /// the holes. Returns it.
+    fn fragment_and_stitch(p: &mut Pool) -> (crate::alloc::AllocId, u64) {
+        let held: Vec<_> = (0..10)
+            .map(|_| {
+                p.alloc(Request {
+                    size: 2 * M,
+                    ..Request::default()
+                })
+                .unwrap()
+            })
+            .collect();
+        for (id, _) in held.iter().step_by(2) {
+            p.free(*id).unwrap();
+        }
+        let (big, ptr) = p
+            .alloc(Request {
+                size: 10 * M,
+                ..Request::default()
+            })
+            .unwrap();
+        assert!(p.info(big).unwrap().stitched);
+        (big, ptr)
+    }
+
     // One test owns the environment variables it sets (tests in this module run one by one:
     // they share the process environment).
     #[test]
@@ -578,28 +603,7 @@ mod tests {
         assert!(cuda.info().name.contains("H100"));
         let (mut p, cap) = pool_on(cuda);
         assert_eq!(cap, 64 * M);
-        // fragment, then stitch a large allocation across the holes
-        let held: Vec<_> = (0..10)
-            .map(|_| {
-                p.alloc(Request {
-                    size: 2 * M,
-                    ..Request::default()
-                })
-                .unwrap()
-            })
-            .collect();
-        for (i, (id, _)) in held.iter().enumerate() {
-            if i % 2 == 0 {
-                p.free(*id).unwrap();
-            }
-        }
-        let (big, ptr) = p
-            .alloc(Request {
-                size: 10 * M,
-                ..Request::default()
-            })
-            .unwrap();
-        assert!(p.info(big).unwrap().stitched);
+        let (big, ptr) = fragment_and_stitch(&mut p);
         // the fake's device memory is host memory: write through the stitched range
         // SAFETY: [ptr, ptr + 10 MiB) is the allocation, mapped read-write by the fake driver.
         let bytes = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, (10 * M) as usize) };
@@ -667,26 +671,7 @@ mod tests {
             unsafe { lib.get(b"fake_cuda_registered_bytes\0") }.unwrap();
         let reg = || unsafe { registered() };
         let (mut p, _) = pool_on(Pinned::new(0, 64 * M).unwrap());
-        let held: Vec<_> = (0..10)
-            .map(|_| {
-                p.alloc(Request {
-                    size: 2 * M,
-                    ..Request::default()
-                })
-                .unwrap()
-            })
-            .collect();
-        assert_eq!(reg(), p.stats().reserved_bytes);
-        for (id, _) in held.iter().step_by(2) {
-            p.free(*id).unwrap();
-        }
-        let (big, ptr) = p
-            .alloc(Request {
-                size: 10 * M,
-                ..Request::default()
-            })
-            .unwrap();
-        assert!(p.info(big).unwrap().stitched);
+        let (big, ptr) = fragment_and_stitch(&mut p);
         // the direct map's pages and the window are both registered
         assert_eq!(reg(), p.stats().reserved_bytes + 10 * M);
         // SAFETY: [ptr, ptr + 10 MiB) is the allocation: host memory mapped read-write.
