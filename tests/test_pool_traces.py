@@ -2,17 +2,13 @@
 issue 3 asks for: peak reserved at most 1.02 × peak live + 4 MiB, and the smallest capacity
 that runs the trace at most 1.03 × peak live + 4 MiB."""
 
-from pathlib import Path
 
 import pytest
 
 from gpumm.traces import min_capacity, read_rmm_csv, replay_pool
 from gpumm.units import MiB
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-needs_shared = pytest.mark.skipif(
-    not TRACES.is_dir(), reason="../shared/traces is absent (a user's own clone): real traces not available"
-)
+from shared_traces import TRACES, needs_shared
 
 
 @needs_shared

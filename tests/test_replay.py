@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,10 +16,7 @@ from gpumm.report import explain_ooms, html_report
 from gpumm.traces import read_rmm_csv, read_trace
 from gpumm.units import MiB
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-needs_shared = pytest.mark.skipif(
-    not TRACES.is_dir(), reason="../shared/traces is absent (a user's own clone): real traces not available"
-)
+from shared_traces import TRACES, needs_shared
 ALL = ["gpt2_train.csv.gz", "bert_train.csv.gz", "resnet50_train.csv.gz",
        "compile_train.pickle", "cs336_ctx128_forward.pickle", "magma_train.pickle",
        "forward_bf16.pickle", "oom_state.pickle", "opt13_state.pickle"]

@@ -1,17 +1,13 @@
 """The RMM log CSV reader: real traces from ../shared/traces and our own bad files."""
 
 import gzip
-from pathlib import Path
 
 import pytest
 
 from gpumm.errors import TraceFormatError
 from gpumm.traces import read_rmm_csv
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-needs_shared = pytest.mark.skipif(
-    not TRACES.is_dir(), reason="../shared/traces is absent (a user's own clone): real traces not available"
-)
+from shared_traces import TRACES, needs_shared
 
 GOOD = """Thread,Time,Action,Pointer,Size,Stream
 1,00:00:00.000000,allocate,0x1000,4096,0x0

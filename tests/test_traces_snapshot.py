@@ -6,7 +6,6 @@ import json
 import os
 import pickle
 import pickletools
-from pathlib import Path
 
 import pytest
 
@@ -16,10 +15,7 @@ from gpumm.traces import (load_snapshot, read_profiler_json, read_rmm_csv, read_
                           read_trace, write_rmm_csv, write_snapshot)
 from gpumm.units import GiB, MiB
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-needs_shared = pytest.mark.skipif(
-    not TRACES.is_dir(), reason="../shared/traces is absent (a user's own clone): real traces not available"
-)
+from shared_traces import TRACES, needs_shared
 
 # name: (allocations, start live GiB, peak live GiB, PyTorch's peak reserved / peak live)
 SNAPSHOTS = {
