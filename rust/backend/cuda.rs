@@ -658,18 +658,25 @@ mod tests {
         std::env::remove_var("GPUMM_LIBCUDA");
     }
 
+    /// The fake driver at `so` (the instance the backend loads: dlopen returns it) and a
+    /// reader of its test hook `uint64_t fake_cuda_registered_bytes(void)`.
+    fn registered_bytes(so: &std::path::Path) -> (libloading::Library, impl Fn() -> u64) {
+        // SAFETY: loading the fake driver built by `fake`; its initializers do nothing.
+        let lib = unsafe { libloading::Library::new(so) }.unwrap();
+        // SAFETY: the hook has that C signature (tests/fake_cuda/fake_cuda.c).
+        let f: unsafe extern "C" fn() -> u64 =
+            *unsafe { lib.get(b"fake_cuda_registered_bytes\0") }.unwrap();
+        // SAFETY: a plain read of a counter; `lib` is returned with it and kept alive.
+        (lib, move || unsafe { f() })
+    }
+
     /// The pinned host pool: pages are registered with the driver while the pool holds them,
     /// stitched windows too, and every registration is undone.
     fn pinned_host_pool() {
         use crate::backend::pinned::Pinned;
         let so = fake("pinned");
         std::env::set_var("GPUMM_LIBCUDA", &so);
-        // SAFETY: the fake driver's test hook, `uint64_t fake_cuda_registered_bytes(void)`;
-        // the same library the backend loads (dlopen returns the loaded instance).
-        let lib = unsafe { libloading::Library::new(&so) }.unwrap();
-        let registered: libloading::Symbol<unsafe extern "C" fn() -> u64> =
-            unsafe { lib.get(b"fake_cuda_registered_bytes\0") }.unwrap();
-        let reg = || unsafe { registered() };
+        let (_lib, reg) = registered_bytes(&so);
         let (mut p, _) = pool_on(Pinned::new(0, 64 * M).unwrap());
         let (big, ptr) = fragment_and_stitch(&mut p);
         // the direct map's pages and the window are both registered
@@ -691,9 +698,7 @@ mod tests {
         std::env::set_var("FAKE_CUDA_FAIL_AT", "3");
         let so = fake("pinned-fail");
         std::env::set_var("GPUMM_LIBCUDA", &so);
-        let lib = unsafe { libloading::Library::new(&so) }.unwrap();
-        let registered: libloading::Symbol<unsafe extern "C" fn() -> u64> =
-            unsafe { lib.get(b"fake_cuda_registered_bytes\0") }.unwrap();
+        let (lib, registered) = registered_bytes(&so);
         let (mut p, _) = pool_on(Pinned::new(0, 64 * M).unwrap());
         let calls: libloading::Symbol<unsafe extern "C" fn() -> std::ffi::c_long> =
             unsafe { lib.get(b"fake_cuda_calls\0") }.unwrap();
@@ -707,7 +712,7 @@ mod tests {
                 Err(Error::OutOfMemory(_)) => {}
                 Err(e) => panic!("{e:?}"),
             }
-            assert_eq!(unsafe { registered() }, p.stats().reserved_bytes);
+            assert_eq!(registered(), p.stats().reserved_bytes);
             p.validate().unwrap();
         }
         assert!(unsafe { calls() } >= 3, "the injected failure was reached");
@@ -717,7 +722,7 @@ mod tests {
         }
         p.validate().unwrap();
         drop(p);
-        assert_eq!(unsafe { registered() }, 0);
+        assert_eq!(registered(), 0);
         std::env::remove_var("FAKE_CUDA_FAIL_AT");
     }
 }
