@@ -6,29 +6,35 @@
 //! A pool takes *pages* (PMM USER chunks of `page_size`, 2 MiB by default) from its device.
 //! Page `i` is physical `[i * page_size, (i + 1) * page_size)`; its kind says what it holds:
 //!
-//! - `Free`: held by the pool, unused; in the free-page [`Runs`].
+//! - `Owned`: held by the pool and either free (in the free-page [`Runs`]) or a middle page of
+//!   one stitched allocation.
 //! - `Heap`: sub-allocated for small requests (below `small_threshold`) in 256 B granules by
 //!   blocks (a TLSF-like good fit over `heap_bins`).
-//! - `Large`: holds the head or tail of stitched allocations, and large requests below a page
-//!   that fit in a free block, in blocks like a heap page.
-//! - `Full`: a middle page of one stitched allocation.
+//! - `Large` / `Covered`: the first / a later page of a *large segment*: consecutive pages
+//!   covered by one list of blocks that may cross page boundaries.
 //!
-//! A large request is laid out as a *head* (a free block that ends at its page's end), whole
-//! free pages, and a *tail* (a free block that starts at its page's start, or the start of a
-//! fresh page). Only the first and last page are shared with other allocations, and pages are
-//! mapped back to back, so an allocation may start at any 256 B offset in its first page and
-//! no free page is ever "free but unusable" for a large request. When the pages happen to be
-//! physically consecutive the allocation is addressed through the direct map; otherwise its
-//! pages are mapped into the pool's stitching window.
+//! A large request takes, in this order: a free block of a segment that holds it (good fit:
+//! one block, contiguous, O(1)); else a *head* (a free block that ends its segment), whole
+//! free pages and a *tail* (a free block that starts its segment, or the start of a fresh
+//! page). When those pages follow the head (or there is no head and they are one run) the
+//! head's segment is extended over them (or a segment is opened on them) and the request is
+//! one block of it; otherwise it is *stitched*: its pieces are mapped back to back into the
+//! pool's stitching window, so a free page is never "free but unusable" for a large request.
+//!
+//! Freed large blocks merge with their neighbours and stay in their segment (a segment that
+//! is all free goes back to the free pages). Whole free pages inside segments go back to the
+//! free pages when a request needs them (`reclaim`: before the pool would grow, and before
+//! `trim`/`defrag` give pages to the device), or at once in a pool with a release threshold.
+//! A request (or batch) that fails undoes every such change it made (the `journal`).
 //!
 //! ## Invariants (checked by `validate`)
-//! - A `Heap` or `Large` page is covered by its blocks, in address order, linked `prev`/`next`;
-//!   no two free blocks touch; a free block is in exactly the bins its page kind and position
-//!   say (heap: `heap_bins`; large: `large_bins`, and `suffix_bins` iff it ends at the page end,
-//!   `prefix_bins` iff it starts at 0); a block covering a whole page does not exist (the page
-//!   is `Free` instead).
-//! - A page is `Free` iff it is in a free run; `Full` pages belong to the runs of one live or
-//!   freeing allocation.
+//! - A `Heap` page, or a segment from its `Large` page over its `Covered` pages, is covered by
+//!   its blocks, in address order, linked `prev`/`next`; no two free blocks touch; a free
+//!   block is in exactly the bins its kind and position say (heap: `heap_bins`; large:
+//!   `large_bins`, and `suffix_bins` iff it ends its segment, else `prefix_bins` iff it starts
+//!   it); no page or segment is one free block (its pages are free instead).
+//! - A page is free iff it is in a free run; `Owned` pages not free belong to the runs of one
+//!   live or freeing allocation.
 //! - `by_ptr`, once built, maps the pointer of every live or freeing allocation, and nothing
 //!   else.
 
@@ -53,7 +59,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::pmm::{ChunkId, ChunkType, Pmm};
 use crate::units::format_size;
-use bins::{bin_of, Bins, Link, LinkRead, LinkWrite, NIL};
+use bins::{bin_of, Bins, Link, LinkRead, LinkWrite, NIL, NUM_BINS};
 use ptrmap::PtrMap;
 use runs::Runs;
 
@@ -115,6 +121,9 @@ impl PoolConfig {
         }
     }
 }
+
+/// The longest block a large segment holds, in granules (larger requests are stitched).
+const MAX_BLOCK: u64 = 1 << 31;
 
 /// The default heap threshold; docs/design.md has the measurements that chose it.
 pub const DEFAULT_SMALL_THRESHOLD: u64 = 1 << 20;
@@ -193,7 +202,12 @@ enum PageKind {
     /// runs and the stitches say it, and the on-demand walks read them there.
     Owned,
     Heap,
+    /// The first page of a large *segment*: one or more consecutive pages covered by one
+    /// list of blocks, which may cross page boundaries (a large allocation placed in it is
+    /// contiguous in the direct map).
     Large,
+    /// A later page of a large segment; its blocks are listed from the segment's first page.
+    Covered,
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -210,11 +224,13 @@ struct Page {
 #[derive(Copy, Clone, Debug)]
 #[repr(align(16))]
 struct Block {
+    /// The page the block starts in, and its offset there in granules.
     page: u32,
-    /// Offset and length in granules within the page.
     off: u32,
+    /// Length in granules: within the page for a heap block; a large block may run on into
+    /// the next pages of its segment.
     len: u32,
-    /// Neighbours in the page (NIL at its ends).
+    /// Neighbours in the page or segment (NIL at its ends).
     prev: u32,
     next: u32,
     /// The owning allocation's slot while used.
@@ -297,6 +313,25 @@ struct Stitch {
     window_len: u32,
 }
 
+/// A change to the pages of large segments made while placing a request, kept until the
+/// request (or its batch) has succeeded so that a failure can undo it exactly.
+#[derive(Copy, Clone, Debug)]
+enum Change {
+    /// `split_out` of free block `b`, which was `orig`, gave pages `[p0, p1)` back to the
+    /// free pages; `right` is the free block it left at `p1` (NIL: none).
+    Split {
+        b: u32,
+        orig: Block,
+        right: u32,
+        p0: u32,
+        p1: u32,
+    },
+    /// Free pages `[p, p + n)` were appended to the segment whose last block is `b`.
+    Extend { b: u32, p: u32, n: u32 },
+    /// Page `p` was taken from the device.
+    Grow { p: u32 },
+}
+
 #[derive(Clone, Debug)]
 #[repr(align(64))]
 struct Alloc {
@@ -352,6 +387,8 @@ pub struct Pool {
     /// Page size in granules and as a shift of bytes.
     pg: u32,
     page_shift: u32,
+    /// log2 of `pg`.
+    gshift: u32,
     small_units: u64,
     slack_units: u32,
     direct_base: u64,
@@ -366,6 +403,13 @@ pub struct Pool {
     window_cache: Vec<Vec<u32>>,
     /// The backend maps (host, CUDA); a simulated one does not, and its calls are skipped.
     maps: bool,
+    /// Free whole pages inside large segments go back to the free pages at once (a pool with
+    /// a release threshold), not only when a request needs them (`reclaim`).
+    eager: bool,
+    /// Changes of the request (or batch) being placed; see [`Change`].
+    journal: Vec<Change>,
+    /// A batch is being placed: its requests keep the journal for the batch.
+    batching: bool,
     blocks: Vec<Block>,
     vacant_blocks: Vec<u32>,
     heap_bins: Bins,
@@ -465,6 +509,7 @@ impl Pool {
         let mut pool = Pool {
             pg,
             page_shift: ps.trailing_zeros(),
+            gshift: pg.trailing_zeros(),
             small_units: cfg.small_threshold.div_ceil(GRANULE),
             slack_units: (cfg.tail_slack / GRANULE) as u32,
             direct_base: backend.direct_base(),
@@ -482,6 +527,9 @@ impl Pool {
             window,
             window_cache: vec![Vec::new(); WINDOW_CACHE + 1],
             maps: backend.maps(),
+            eager: cfg.release_threshold.is_some(),
+            journal: Vec::new(),
+            batching: false,
             blocks: Vec::new(),
             vacant_blocks: Vec::new(),
             heap_bins: Bins::default(),
@@ -520,6 +568,7 @@ impl Pool {
                 format_size(got)
             )));
         }
+        pool.journal.clear();
         pool.check();
         Ok(pool)
     }
@@ -605,6 +654,7 @@ impl Pool {
                 chunk: info.id.to_bits(),
             };
             self.free_pages.free(p, 1);
+            self.journal.push(Change::Grow { p });
         }
         self.counters.reserved_bytes += n as u64 * ps;
         self.counters.peak_reserved = self
@@ -647,8 +697,14 @@ impl Pool {
             }
             excess -= take as u64;
         }
+        self.give_back(&released)
+    }
+
+    /// Gives pages (taken from the free runs already) back to the device. Returns the bytes.
+    fn give_back(&mut self, released: &[u32]) -> u64 {
+        let ps = self.cfg.page_size;
         let mut pmm = self.dev.pmm.lock();
-        for &p in &released {
+        for &p in released {
             let page = &mut self.pages[p as usize];
             let r = pmm.free(ChunkId::from_bits(page.chunk));
             debug_assert!(r.is_ok(), "pool page not allocated in the PMM: {r:?}");
@@ -680,10 +736,31 @@ impl Pool {
         page.first = first;
     }
 
-    /// A page is free again.
-    fn page_free(&mut self, p: u32) {
-        self.page_to(p, PageKind::Owned, NIL);
-        self.free_pages.free(p, 1);
+    /// Pages `[p, p + n)` are free again.
+    fn pages_free(&mut self, p: u32, n: u32) {
+        for q in p..p + n {
+            self.page_to(q, PageKind::Owned, NIL);
+        }
+        self.free_pages.free(p, n);
+    }
+
+    /// Where granule `g` of the direct map is: (page, offset in granules).
+    #[inline]
+    fn locate(&self, g: u64) -> (u32, u32) {
+        ((g >> self.gshift) as u32, (g & (self.pg as u64 - 1)) as u32)
+    }
+
+    /// The first granule of a block in the direct map.
+    #[inline]
+    fn start_of(&self, blk: &Block) -> u64 {
+        ((blk.page as u64) << self.gshift) + blk.off as u64
+    }
+
+    /// The page after the one a block ends in (for a block that ends at a page boundary: the
+    /// first page after it).
+    #[inline]
+    fn page_after(&self, blk: &Block) -> u32 {
+        ((self.start_of(blk) + blk.len as u64) >> self.gshift) as u32
     }
 
     // --------------------------------------------------------------------------------------
@@ -706,15 +783,16 @@ impl Pool {
         self.vacant_blocks.push(b);
     }
 
-    /// The bins of a free block: (heap, secondary) where secondary is 1 for suffix, 2 for
-    /// prefix, 0 for none.
+    /// The bins of a free block: (heap, secondary) where secondary is 1 for suffix (it ends
+    /// its segment), 2 for prefix (it starts its segment), 0 for none. (A free block is never
+    /// both: a segment that is one free block goes back to the free pages.)
     #[inline]
     fn block_class(&self, blk: &Block) -> (bool, u8) {
         let sec = if blk.heap {
             0
-        } else if blk.off + blk.len == self.pg {
+        } else if blk.next == NIL {
             1
-        } else if blk.off == 0 {
+        } else if blk.prev == NIL {
             2
         } else {
             0
@@ -764,13 +842,17 @@ impl Pool {
         self.rebin(b, false)
     }
 
-    /// Makes page `p` (just taken from the free runs) a heap or large page covered by one free
-    /// block, which is returned, not in any bin.
-    fn open_page(&mut self, p: u32, kind: PageKind) -> u32 {
+    /// Makes pages `[p, p + n)` (just taken from the free runs) a heap page (`n` = 1) or a
+    /// large segment covered by one free block, which is returned, not in any bin.
+    fn open_segment(&mut self, p: u32, n: u32, kind: PageKind) -> u32 {
+        debug_assert!(kind == PageKind::Large || n == 1);
+        for q in p + 1..p + n {
+            self.page_to(q, PageKind::Covered, NIL);
+        }
         let b = self.new_block(Block {
             page: p,
             off: 0,
-            len: self.pg,
+            len: n << self.gshift,
             prev: NIL,
             next: NIL,
             free: true,
@@ -808,10 +890,12 @@ impl Pool {
             self.blocks[b as usize].prev = f;
         }
         let rest = blk.len - at - len;
+        let g = self.start_of(&blk) + at as u64;
         if rest > 0 {
+            let (page, off) = self.locate(g + len as u64);
             let f = self.new_block(Block {
-                page: blk.page,
-                off: blk.off + at + len,
+                page,
+                off,
                 len: rest,
                 prev: b,
                 next: blk.next,
@@ -826,8 +910,10 @@ impl Pool {
             self.blocks[b as usize].next = f;
         }
         {
+            let (page, off) = self.locate(g);
             let u = &mut self.blocks[b as usize];
-            u.off = blk.off + at;
+            u.page = page;
+            u.off = off;
             u.len = len;
             u.free = false;
             u.alloc = a;
@@ -866,13 +952,14 @@ impl Pool {
             self.remove_free(l);
             let left = self.blocks[l as usize];
             let u = &mut self.blocks[b as usize];
+            u.page = left.page;
             u.off = left.off;
             u.len += left.len;
             u.prev = left.prev;
             if left.prev != NIL {
                 self.blocks[left.prev as usize].next = b;
             } else {
-                self.pages[blk.page as usize].first = b;
+                self.pages[left.page as usize].first = b;
             }
             self.drop_block(l);
         }
@@ -889,15 +976,200 @@ impl Pool {
             self.drop_block(next);
         }
         let u = self.blocks[b as usize];
-        if u.off == 0 && u.len == self.pg {
+        if u.prev == NIL && u.next == NIL {
+            // the whole page or segment is free: its pages go back
             self.drop_block(b);
-            if blk.page == self.evacuating {
+            if u.page == self.evacuating {
                 self.evacuating = NIL;
             }
-            self.page_free(blk.page);
+            self.pages_free(u.page, u.len >> self.gshift);
+        } else if !u.heap && self.eager {
+            let _ = self.split_out(b);
         } else {
             self.insert_free(b);
         }
+    }
+
+    /// A free large block (in no bin) gives the whole pages inside it back to the free pages;
+    /// what is left before them stays free at the end of its segment, what is left after them
+    /// starts a new segment. O(1): blocks hold their page, so nothing else moves.
+    fn split_out(&mut self, b: u32) -> Option<Change> {
+        let blk = self.blocks[b as usize];
+        debug_assert!(blk.free && !blk.heap);
+        let pg = self.pg as u64;
+        let (g0, g1) = (self.start_of(&blk), self.start_of(&blk) + blk.len as u64);
+        let (p0, p1) = (g0.div_ceil(pg), g1 / pg);
+        if p1 <= p0 {
+            self.insert_free(b);
+            return None;
+        }
+        let left = (p0 * pg - g0) as u32;
+        let right = (g1 - p1 * pg) as u32;
+        let (p0, p1) = (p0 as u32, p1 as u32);
+        // What is before the pages: `b` keeps it and now ends its segment.
+        let mut spare = NIL;
+        if left > 0 {
+            let u = &mut self.blocks[b as usize];
+            u.len = left;
+            u.next = NIL;
+        } else {
+            if blk.prev != NIL {
+                self.blocks[blk.prev as usize].next = NIL;
+            }
+            spare = b;
+        }
+        // What is after them starts a segment at p1.
+        let mut right_block = NIL;
+        if right > 0 {
+            let r = Block {
+                page: p1,
+                off: 0,
+                len: right,
+                prev: NIL,
+                next: blk.next,
+                free: true,
+                alloc: NIL,
+                heap: false,
+                links: [Link::UNLINKED; 2],
+            };
+            let r = if spare != NIL {
+                self.blocks[spare as usize] = r;
+                std::mem::replace(&mut spare, NIL)
+            } else {
+                self.new_block(r)
+            };
+            if blk.next != NIL {
+                self.blocks[blk.next as usize].prev = r;
+            }
+            self.page_to(p1, PageKind::Large, r);
+            self.insert_free(r);
+            right_block = r;
+        } else if blk.next != NIL {
+            self.blocks[blk.next as usize].prev = NIL;
+            self.page_to(p1, PageKind::Large, blk.next);
+        }
+        if left > 0 {
+            self.insert_free(b);
+        }
+        if spare != NIL {
+            self.drop_block(spare);
+        }
+        self.pages_free(p0, p1 - p0);
+        Some(Change::Split {
+            b,
+            orig: blk,
+            right: right_block,
+            p0,
+            p1,
+        })
+    }
+
+    /// Undoes the changes of the journal after its first `mark`, newest first. The memory
+    /// the changes concern must be free again (the failed request or batch given back).
+    fn undo_to(&mut self, mark: usize) {
+        while self.journal.len() > mark {
+            match self.journal.pop().expect("not empty") {
+                Change::Split {
+                    b,
+                    orig,
+                    right,
+                    p0,
+                    p1,
+                } => {
+                    self.free_pages.take_range(p0, p1 - p0);
+                    let pg = self.pg as u64;
+                    let g0 = self.start_of(&orig);
+                    let has_left = g0 < p0 as u64 * pg;
+                    if has_left {
+                        self.remove_free(b);
+                    }
+                    if right != NIL {
+                        self.remove_free(right);
+                        if right != b {
+                            self.drop_block(right);
+                        }
+                    }
+                    if !has_left && right == NIL {
+                        // `b` was dropped: take its slot back
+                        let i = self
+                            .vacant_blocks
+                            .iter()
+                            .rposition(|&x| x == b)
+                            .expect("the split block's slot is vacant");
+                        self.vacant_blocks.swap_remove(i);
+                    }
+                    self.blocks[b as usize] = Block {
+                        links: [Link::UNLINKED; 2],
+                        ..orig
+                    };
+                    for q in p0..p1 {
+                        self.page_to(q, PageKind::Covered, NIL);
+                    }
+                    if orig.prev != NIL {
+                        self.blocks[orig.prev as usize].next = b;
+                    } else {
+                        self.page_to(orig.page, PageKind::Large, b);
+                    }
+                    if orig.next != NIL {
+                        self.blocks[orig.next as usize].prev = b;
+                    }
+                    if right != NIL || orig.next != NIL {
+                        // p1 is inside the segment again
+                        self.page_to(p1, PageKind::Covered, NIL);
+                    }
+                    self.insert_free(b);
+                }
+                Change::Extend { b, p, n } => {
+                    debug_assert!(self.blocks[b as usize].free);
+                    self.remove_free(b);
+                    self.blocks[b as usize].len -= n << self.gshift;
+                    self.pages_free(p, n);
+                    self.insert_free(b);
+                }
+                Change::Grow { p } => {
+                    self.free_pages.take_range(p, 1);
+                    self.give_back(&[p]);
+                }
+            }
+        }
+    }
+
+    /// Gives whole free pages inside large segments back to the free pages, from the largest
+    /// free blocks down, until `want` pages are free or none are left. Called before the pool
+    /// would grow (or fail) for pages, and before pages are given back to the device.
+    fn reclaim(&mut self, want: u64) {
+        if self.free_pages.free_units() >= want || self.large_bins.is_empty() {
+            return;
+        }
+        let lowest = bin_of(self.pg);
+        let mut bin = NUM_BINS;
+        while bin > lowest && self.free_pages.free_units() < want {
+            bin -= 1;
+            let items: SmallVec<[u32; 16]> = self
+                .large_bins
+                .iter(&BlockLinksRef::<0>(&self.blocks), bin)
+                .collect();
+            for b in items {
+                if self.free_pages.free_units() >= want {
+                    break;
+                }
+                if self.blocks[b as usize].page == self.evacuating {
+                    continue;
+                }
+                self.remove_free(b);
+                if let Some(c) = self.split_out(b) {
+                    self.journal.push(c);
+                }
+            }
+        }
+    }
+
+    /// Every whole free page inside large segments back to the free pages, for good (not a
+    /// request's change: nothing to undo).
+    fn reclaim_all(&mut self) {
+        let mark = self.journal.len();
+        self.reclaim(u64::MAX);
+        self.journal.truncate(mark);
     }
 
     /// The virtual address of granule `off` of page `p` in the direct map.
@@ -925,9 +1197,10 @@ impl Pool {
             self.remove_free(b);
             return Some(Layout::Block(self.carve(b, 0, units, a)));
         }
+        self.reclaim(1);
         if self.ensure_pages(1) {
             let p = self.free_pages.alloc(1).expect("a free page");
-            let b = self.open_page(p, PageKind::Heap);
+            let b = self.open_segment(p, 1, PageKind::Heap);
             return Some(Layout::Block(self.carve(b, 0, units, a)));
         }
         if relaxed {
@@ -936,9 +1209,9 @@ impl Pool {
         None
     }
 
-    /// A request below a page in a free block of a large page. A block at a page's start is
-    /// used from its end and any other from its start, so what is left keeps touching the
-    /// page's end or start and stays usable as a head or tail.
+    /// A request in a free block of a large segment (good fit). A block at a segment's start
+    /// is used from its end and any other from its start, so what is left keeps touching the
+    /// segment's end or start and stays usable as a head or tail.
     #[inline]
     fn place_in_large_block(&mut self, units: u32, a: u32) -> Option<Layout> {
         let b = self.large_bins.find_fit(
@@ -949,19 +1222,22 @@ impl Pool {
         )?;
         self.remove_free(b);
         let blk = self.blocks[b as usize];
-        let at = if blk.off == 0 { blk.len - units } else { 0 };
+        let at = if blk.prev == NIL { blk.len - units } else { 0 };
         Some(Layout::Block(self.carve(b, at, units, a)))
     }
 
-    /// A large request: one free block if it is below a page and fits one, else head + whole
-    /// pages + tail, stitched.
+    /// A large request: a free block of a large segment that holds it; else a new segment
+    /// over a run of free pages that holds it; else head + whole pages + tail, stitched, with
+    /// the whole free pages inside segments reclaimed before the pool grows for them.
     fn place_large(&mut self, units: u64, a: u32, relaxed: bool) -> Option<Layout> {
         let pg = self.pg as u64;
-        if units < pg {
+        if units <= MAX_BLOCK {
             if let Some(l) = self.place_in_large_block(units as u32, a) {
                 return Some(l);
             }
         }
+        // Stitched: first make the whole free pages inside segments usable.
+        self.reclaim(units.div_ceil(pg) + 1);
         // Head: a free page end that the request can use whole, the largest near enough; among
         // the first few candidates, one whose next page starts a long enough free run wins
         // (the allocation is then contiguous: no window, nothing to map).
@@ -1029,7 +1305,7 @@ impl Pool {
             let next_to_head = if head == NIL {
                 None
             } else {
-                Some(self.blocks[head as usize].page + 1)
+                Some(self.page_after(&self.blocks[head as usize]))
             };
             match next_to_head {
                 Some(p) if self.free_pages.alloc_at(p, need) => runs.push((p, need)),
@@ -1037,6 +1313,34 @@ impl Pool {
                     let ok = self.free_pages.alloc_scattered(need, &mut runs);
                     debug_assert!(ok);
                 }
+            }
+        }
+        // Contiguous (the pages follow the head, or there is no head and they are one run, and
+        // the tail is the start of their last page): one block of a large segment, extended
+        // over the pages, instead of a stitch. Its free is then a block's free, and its pages
+        // stay in the segment until a request needs them whole (`reclaim`).
+        if (t == 0 || (fresh_tail && tail == NIL)) && units <= MAX_BLOCK && runs.len() <= 1 {
+            if head != NIL {
+                let after = self.page_after(&self.blocks[head as usize]);
+                let pages = match runs.first() {
+                    None => Some((after, 0)),
+                    Some(&(p, n)) if p == after => Some((p, n)),
+                    Some(_) => None,
+                };
+                if let Some((p, n)) = pages {
+                    self.remove_free(head);
+                    for q in p..p + n {
+                        self.page_to(q, PageKind::Covered, NIL);
+                    }
+                    self.blocks[head as usize].len += n << self.gshift;
+                    if n > 0 {
+                        self.journal.push(Change::Extend { b: head, p, n });
+                    }
+                    return Some(Layout::Block(self.carve(head, 0, units as u32, a)));
+                }
+            } else if let Some(&(p, n)) = runs.first() {
+                let b = self.open_segment(p, n, PageKind::Large);
+                return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
             }
         }
         let mut tail_page = NIL;
@@ -1053,7 +1357,7 @@ impl Pool {
             self.take_whole(head, a);
         }
         if tail_page != NIL {
-            let b = self.open_page(tail_page, PageKind::Large);
+            let b = self.open_segment(tail_page, 1, PageKind::Large);
             tail = self.carve(b, 0, t, a);
         } else if tail != NIL {
             self.remove_free(tail);
@@ -1098,7 +1402,7 @@ impl Pool {
             let blk = &self.blocks[b as usize];
             let rest = units - blk.len as u64;
             let need = rest.div_ceil(pg) as u32;
-            need == 0 || self.free_pages.run_at(blk.page + 1) >= need
+            need == 0 || self.free_pages.run_at(self.page_after(blk)) >= need
         };
         if contiguous(first) {
             return first;
@@ -1120,7 +1424,9 @@ impl Pool {
             _ => segs.push((p, n)),
         };
         if st.head != NIL {
-            push(self.blocks[st.head as usize].page, 1);
+            // it ends its segment, so at a page boundary
+            let blk = &self.blocks[st.head as usize];
+            push(blk.page, self.page_after(blk) - blk.page);
         }
         for &(s, l) in &st.runs {
             push(s, l);
@@ -1395,24 +1701,29 @@ impl Pool {
         {
             self.poll();
         }
-        let saved = (self.counters.clone(), self.free_pages.free_units());
+        let saved = self.counters.clone();
+        let mark = self.journal.len();
         let a = self.new_slot();
         let layout = match self.place(units, a, false) {
             Some(l) => l,
             None if self.quick => {
                 self.quick_miss = true;
                 self.vacant_allocs.push(a);
+                self.undo_to(mark);
                 return Err(Error::OutOfMemory(String::new()));
             }
             None => {
-                // The way to out of memory: compact what may move, then use anything.
-                if self.has_movable() {
+                // The way to out of memory: compact what may move, then use anything. (Not
+                // inside a batch: a refused batch is undone exactly, which a move into pages
+                // taken for the batch would prevent.)
+                if !self.batching && self.has_movable() {
                     self.defrag_inner();
                 }
                 match self.place(units, a, true) {
                     Some(l) => l,
                     None => {
                         self.vacant_allocs.push(a);
+                        self.undo_to(mark);
                         self.counters.failures += 1;
                         return Err(self.oom_error(req.size));
                     }
@@ -1426,10 +1737,14 @@ impl Pool {
                 // taken for it, and leave the counters as they were (one failure counted).
                 self.unplace(layout);
                 self.vacant_allocs.push(a);
+                self.undo_to(mark);
                 self.rollback(saved);
                 return Err(e);
             }
         };
+        if !self.batching {
+            self.journal.clear();
+        }
         let x = &mut self.allocs[a as usize];
         x.state = State::Live;
         x.size = req.size;
@@ -1474,10 +1789,9 @@ impl Pool {
         !self.cfg.scrub && self.cfg.release_threshold.is_none()
     }
 
-    /// After a refused request: free pages back to `free_before`, counters as `saved` but
+    /// After a refused request (its pages given back by `undo_to`): counters as `saved` but
     /// for one more failure.
-    fn rollback(&mut self, (saved, free_before): (Counters, u64)) {
-        self.release_pages(free_before * self.cfg.page_size);
+    fn rollback(&mut self, saved: Counters) {
         let failures = self.counters.failures;
         let calls = self.counters.calls;
         self.counters = saved;
@@ -1792,9 +2106,9 @@ impl Pool {
         self.ptr_index(); // the caller will free by pointer
         let start = out.len();
         let saved = self.counters.clone();
-        let free_pages_before = self.free_pages.free_units();
         let mut ids = Vec::with_capacity(sizes.len());
         let check = std::mem::replace(&mut self.cfg.check, false);
+        self.batching = true;
         let mut result = Ok(());
         for &size in sizes {
             let req = Request {
@@ -1802,9 +2116,12 @@ impl Pool {
                 stream,
                 ..Request::default()
             };
-            match self.alloc(req) {
+            let mark = self.journal.len();
+            // (never a pending free's memory: undoing the batch could not give it back as
+            // pending)
+            match self.alloc_req(req, false) {
                 Ok((id, ptr)) => {
-                    ids.push(id);
+                    ids.push((id, mark));
                     out.push(ptr);
                 }
                 Err(e) => {
@@ -1813,16 +2130,24 @@ impl Pool {
                 }
             }
         }
+        self.batching = false;
         if result.is_err() {
-            // Undo: free what was made, give back pages taken for it, and restore the
+            // Undo: free what was made and undo the page changes made for it, newest first
+            // (so each merges back as it was split), give back pages taken for it, restore the
             // counters, so a refused batch leaves the pool as it was (one failure counted).
-            for id in ids {
+            let eager = std::mem::replace(&mut self.eager, false);
+            let threshold = self.cfg.release_threshold.take();
+            for (id, mark) in ids.into_iter().rev() {
                 let _ = self.free(id);
+                self.undo_to(mark);
             }
+            self.eager = eager;
+            self.cfg.release_threshold = threshold;
             out.truncate(start);
             self.counters.failures -= 1; // the failed request inside counted it already
-            self.rollback((saved, free_pages_before));
+            self.rollback(saved);
         }
+        self.journal.clear();
         self.cfg.check = check;
         self.check();
         result
@@ -2040,6 +2365,7 @@ impl Pool {
     /// Gives free pages back to the device until at most `keep` bytes of them stay.
     pub fn trim(&mut self, keep: u64) -> Result<u64> {
         self.open()?;
+        self.reclaim_all();
         let n = self.release_pages(keep);
         self.check();
         Ok(n)
@@ -2058,6 +2384,7 @@ impl Pool {
     pub fn defrag(&mut self) -> Result<DefragReport> {
         self.open()?;
         let mut report = self.defrag_inner();
+        self.reclaim_all();
         report.bytes_released = self.release_pages(0);
         self.check();
         Ok(report)

@@ -213,6 +213,28 @@ impl Runs {
         v
     }
 
+    /// Takes `[start, start + n)`, which must lie inside one free run (to undo a `free`):
+    /// O(distance to that run's start).
+    pub fn take_range(&mut self, start: u32, n: u32) {
+        let mut s = start;
+        while self.len_at(s) == 0 {
+            debug_assert!(s > 0, "units {start}..+{n} are not free");
+            s -= 1;
+        }
+        let len = self.unlink(s);
+        debug_assert!(
+            s + len >= start + n,
+            "units {start}..+{n} are not in one free run"
+        );
+        if start > s {
+            self.link(s, start - s);
+        }
+        if s + len > start + n {
+            self.link(start + n, s + len - start - n);
+        }
+        self.free_units -= n as u64;
+    }
+
     /// Takes the whole free run starting at `start`.
     pub fn take_run(&mut self, start: u32) -> u32 {
         let n = self.unlink(start);
@@ -300,6 +322,18 @@ mod tests {
         assert!(r.alloc_scattered(12, &mut out));
         assert_eq!(out, vec![(16, 9), (0, 3)]);
         assert_eq!(r.free_units(), 0);
+        r.validate().unwrap();
+    }
+
+    #[test]
+    fn take_range_undoes_a_free() {
+        let mut r = Runs::new(100);
+        r.free(10, 30);
+        r.take_range(20, 5); // from the middle
+        assert_eq!(r.runs(), vec![(10, 10), (25, 15)]);
+        r.take_range(10, 10); // a whole run
+        r.take_range(35, 5); // its end
+        assert_eq!((r.runs(), r.free_units()), (vec![(25, 10)], 10));
         r.validate().unwrap();
     }
 }

@@ -178,10 +178,7 @@ impl Pool {
                     s.pages_heap += 1;
                     s.heap_free_bytes += (self.pg - self.page_used(p as u32)) as u64 * GRANULE;
                 }
-                PageKind::Large => {
-                    s.pages_large += 1;
-                    s.large_free_bytes += (self.pg - self.page_used(p as u32)) as u64 * GRANULE;
-                }
+                PageKind::Large | PageKind::Covered => s.pages_large += 1,
             }
         }
         s.pages_full -= s.pages_free;
@@ -192,15 +189,29 @@ impl Pool {
             .into_iter()
             .map(|(p, n)| ((p as u64) * ps, n as u64 * ps))
             .collect();
-        let (mut head, mut tail, mut block) = (0u64, 0u64, 0u64);
+        // What a stitched request could use once the whole free pages inside segments are
+        // reclaimed: those pages, the largest head (a free block ending at a page boundary
+        // that ends its segment, or would once reclaimed), the largest tail likewise.
+        let (mut head, mut tail, mut block, mut inner) = (0u64, 0u64, 0u64, 0u64);
+        let pg = self.pg as u64;
         for blk in &self.blocks {
             if blk.page != NIL && blk.free {
                 let len = blk.len as u64 * GRANULE;
                 block = block.max(len);
-                if !blk.heap && blk.off + blk.len == self.pg {
-                    head = head.max(len);
-                } else if !blk.heap && blk.off == 0 {
-                    tail = tail.max(len);
+                if !blk.heap {
+                    s.large_free_bytes += len;
+                    let g0 = self.start_of(blk);
+                    let g1 = g0 + blk.len as u64;
+                    let (p0, p1) = (g0.div_ceil(pg), g1 / pg);
+                    if p1 > p0 {
+                        inner += p1 - p0;
+                        head = head.max((p0 * pg - g0) * GRANULE);
+                        tail = tail.max((g1 - p1 * pg) * GRANULE);
+                    } else if blk.next == NIL {
+                        head = head.max(len);
+                    } else if blk.prev == NIL {
+                        tail = tail.max(len);
+                    }
                 }
                 free.push((
                     blk.page as u64 * ps + blk.off as u64 * GRANULE,
@@ -220,7 +231,9 @@ impl Pool {
             best = best.max(cur_len);
         }
         s.largest_free_run = best;
-        s.largest_request = (s.pages_free * ps + head + tail).max(block).max(best);
+        s.largest_request = ((s.pages_free + inner) * ps + head + tail)
+            .max(block)
+            .max(best);
         s.fragmentation = if s.free_bytes == 0 {
             0.0
         } else {
@@ -294,6 +307,7 @@ impl Pool {
         let mut owned = 0u64;
         let (mut nheap, mut nlarge, mut nsuffix, mut nprefix) = (0usize, 0usize, 0usize, 0usize);
         let mut block_seen = 0usize;
+        let mut covered = vec![false; self.pages.len()];
         for (p, page) in self.pages.iter().enumerate() {
             let p = p as u32;
             let full = owners[p as usize] != NIL;
@@ -317,34 +331,37 @@ impl Pool {
             }
             match page.kind {
                 PageKind::Heap | PageKind::Large => {
-                    let (mut off, mut prev, mut prev_free) = (0u32, NIL, false);
+                    // the blocks of the page (heap) or segment (large), from its start
+                    let pg = self.pg as u64;
+                    let base = p as u64 * pg;
+                    let (mut g, mut prev, mut prev_free) = (base, NIL, false);
                     for b in self.page_blocks(p) {
                         block_seen += 1;
                         let blk = &self.blocks[b as usize];
-                        if blk.page != p
-                            || blk.off != off
+                        if self.start_of(blk) != g
+                            || blk.off as u64 >= pg
                             || blk.prev != prev
                             || blk.len == 0
                             || blk.heap != (page.kind == PageKind::Heap)
                         {
                             return Err(format!(
-                                "block {b} of page {p} misplaced: {blk:?} at {off}"
+                                "block {b} of page {p} misplaced: {blk:?} at granule {g}"
                             ));
                         }
                         if blk.free {
                             if prev_free {
-                                return Err(format!("free blocks touch in page {p} at {off}"));
+                                return Err(format!("free blocks touch in page {p} at {g}"));
                             }
-                            if blk.off == 0 && blk.len == self.pg {
+                            if blk.prev == NIL && blk.next == NIL {
                                 return Err(format!("page {p} is one free block"));
                             }
                             if page.kind == PageKind::Heap {
                                 nheap += 1;
                             } else {
                                 nlarge += 1;
-                                if blk.off + blk.len == self.pg {
+                                if blk.next == NIL {
                                     nsuffix += 1;
-                                } else if blk.off == 0 {
+                                } else if blk.prev == NIL {
                                     nprefix += 1;
                                 }
                             }
@@ -364,13 +381,33 @@ impl Pool {
                         }
                         prev_free = blk.free;
                         prev = b;
-                        off += blk.len;
+                        g += blk.len as u64;
                     }
-                    if off != self.pg {
+                    let n = (g - base) / pg;
+                    if (g - base) % pg != 0
+                        || n == 0
+                        || (page.kind == PageKind::Heap && n != 1)
+                        || p as u64 + n > self.pages.len() as u64
+                    {
                         return Err(format!(
-                            "blocks of page {p} cover {off} of {} granules",
-                            self.pg
+                            "blocks of page {p} cover {} granules (pages of {pg})",
+                            g - base
                         ));
+                    }
+                    for q in p + 1..p + n as u32 {
+                        if self.pages[q as usize].kind != PageKind::Covered {
+                            return Err(format!(
+                                "page {q} inside the segment at page {p} is {:?}",
+                                self.pages[q as usize].kind
+                            ));
+                        }
+                        covered[q as usize] = true;
+                    }
+                }
+                PageKind::Covered => {
+                    // checked with its segment's first page, which comes before it
+                    if !covered[p as usize] {
+                        return Err(format!("page {p} is covered by no segment"));
                     }
                 }
                 PageKind::Owned | PageKind::Absent => {}
@@ -550,31 +587,52 @@ impl Pool {
     /// picture; the replay tools turn it into PyTorch's snapshot layout).
     pub fn page_snapshot(&self) -> Vec<PageSnapshot> {
         let ps = self.cfg.page_size;
+        let pg = self.pg as u64;
         let owners = self.full_owners();
         let mut out = Vec::new();
         for (p, page) in self.pages.iter().enumerate() {
             let addr = p as u64 * ps;
             let (kind, blocks) = match page.kind {
-                PageKind::Absent => continue,
+                // listed with the first page of their segment
+                PageKind::Absent | PageKind::Covered => continue,
                 PageKind::Owned if owners[p] == NIL => ("free", vec![(0, ps, None)]),
                 PageKind::Owned => (
                     "full",
                     vec![(0, ps, Some(self.allocs[owners[p] as usize].ptr))],
                 ),
-                PageKind::Heap | PageKind::Large => (
-                    if page.kind == PageKind::Heap {
+                PageKind::Heap | PageKind::Large => {
+                    let kind = if page.kind == PageKind::Heap {
                         "heap"
                     } else {
                         "large"
-                    },
-                    self.page_blocks(p as u32)
-                        .map(|b| {
-                            let blk = &self.blocks[b as usize];
-                            let owner = (!blk.free).then(|| self.allocs[blk.alloc as usize].ptr);
-                            (blk.off as u64 * GRANULE, blk.len as u64 * GRANULE, owner)
-                        })
-                        .collect(),
-                ),
+                    };
+                    // A segment is listed page by page, its blocks cut at page boundaries.
+                    let mut pages: Vec<PageSnapshot> = Vec::new();
+                    for b in self.page_blocks(p as u32) {
+                        let blk = &self.blocks[b as usize];
+                        let owner = (!blk.free).then(|| self.allocs[blk.alloc as usize].ptr);
+                        let (mut g, end) =
+                            (self.start_of(blk), self.start_of(blk) + blk.len as u64);
+                        while g < end {
+                            let q = g / pg;
+                            let cut = end.min((q + 1) * pg);
+                            if pages.last().is_none_or(|l| l.addr != q * ps) {
+                                pages.push(PageSnapshot {
+                                    addr: q * ps,
+                                    kind,
+                                    blocks: Vec::new(),
+                                });
+                            }
+                            let entry = pages.last_mut().expect("just pushed");
+                            entry
+                                .blocks
+                                .push(((g - q * pg) * GRANULE, (cut - g) * GRANULE, owner));
+                            g = cut;
+                        }
+                    }
+                    out.extend(pages);
+                    continue;
+                }
             };
             out.push(PageSnapshot { addr, kind, blocks });
         }

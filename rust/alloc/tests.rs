@@ -85,6 +85,58 @@ fn large_requests_share_page_ends() {
 }
 
 #[test]
+fn large_allocations_are_blocks_of_segments() {
+    let mut p = pool(64 * MIB);
+    // 5 MiB then 1 MiB: one three-page segment, one block each, back to back
+    let (a, pa) = p.alloc(req(5 * MIB)).unwrap();
+    let (b, pb) = p.alloc(req(MIB)).unwrap();
+    assert_eq!(pb, pa + 5 * MIB);
+    assert!(matches!(
+        p.allocs[a.index as usize].layout,
+        Layout::Block(_)
+    ));
+    assert_eq!(
+        (p.stats().pages_large, p.stats().reserved_bytes),
+        (3, 6 * MIB)
+    );
+    // freed, its pages stay in the segment: the next request that fits reuses them as they
+    // are, and nothing is mapped or merged page by page (a free block at a segment's start
+    // is used from its end, so what is left still starts the segment)
+    p.free(a).unwrap();
+    assert_eq!((p.stats().pages_free, p.stats().pages_large), (0, 3));
+    let (c, pc) = p.alloc(req(4 * MIB)).unwrap();
+    assert_eq!(pc, pa + MIB);
+    p.free(c).unwrap();
+    // trim gives the whole free pages inside the segment back: two of them (the third
+    // holds the start of b)
+    assert_eq!(p.trim(0).unwrap(), 4 * MIB);
+    assert_eq!(p.stats().pages_large, 1);
+    p.free(b).unwrap();
+    assert_eq!(p.stats().pages_large, 0);
+}
+
+#[test]
+fn reclaim_gives_stitching_the_pages_inside_segments() {
+    // 16 MiB: two 7 MiB allocations (with 1 MiB after each), then the first freed. Its four
+    // pages stay in its segment; a 9 MiB request fits no free block, so they are reclaimed and
+    // stitched with the rest, without growing past the device.
+    let mut p = pool(16 * MIB);
+    let (a, _) = p.alloc(req(7 * MIB)).unwrap();
+    let (_b, _) = p.alloc(req(7 * MIB)).unwrap();
+    p.free(a).unwrap();
+    let before = (unchanging(&p), p.page_snapshot());
+    assert_eq!(before.0.pages_free, 0);
+    // too big for what is free: refused, and the reclaim it tried is undone
+    assert!(matches!(p.alloc(req(10 * MIB)), Err(Error::OutOfMemory(_))));
+    assert_eq!(before, (unchanging(&p), p.page_snapshot()));
+    let (c, _) = p.alloc(req(8 * MIB + 512 * 1024)).unwrap();
+    assert!(p.info(c).unwrap().stitched);
+    assert_eq!(p.stats().reserved_bytes, 16 * MIB);
+    p.free(c).unwrap();
+    p.validate().unwrap();
+}
+
+#[test]
 fn stitching_uses_scattered_pages() {
     // A 20 MiB pool: ten 2 MiB allocations, every other freed: 10 MiB free in 2 MiB holes.
     let mut p = pool(20 * MIB);
@@ -489,6 +541,7 @@ fn host_defrag_moves_bytes() {
 enum Op {
     Alloc(u64, u64, bool),
     Arena(Vec<u64>, u64),
+    Batch(Vec<u64>),
     Free(usize),
     FreePtr(usize),
     FreeAsync(usize, u64),
@@ -507,7 +560,8 @@ fn op() -> impl Strategy<Value = Op> {
     ];
     prop_oneof![
         6 => (size.clone(), 0u64..3, any::<bool>()).prop_map(|(s, st, m)| Op::Alloc(s, st, m)),
-        1 => (proptest::collection::vec(size, 1..6), 0u64..3).prop_map(|(v, st)| Op::Arena(v, st)),
+        1 => (proptest::collection::vec(size.clone(), 1..6), 0u64..3).prop_map(|(v, st)| Op::Arena(v, st)),
+        1 => proptest::collection::vec(size, 1..6).prop_map(Op::Batch),
         3 => any::<usize>().prop_map(Op::Free),
         1 => any::<usize>().prop_map(Op::FreePtr),
         2 => (any::<usize>(), 0u64..3).prop_map(|(i, s)| Op::FreeAsync(i, s)),
@@ -518,20 +572,56 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// A pool's statistics but those a refused request changes (failures, latency).
+fn unchanging(p: &Pool) -> PoolStats {
+    let mut s = p.stats();
+    s.failures = 0;
+    s.success_rate = 0.0;
+    s.latency_samples = 0;
+    s.latency_mean_ns = 0.0;
+    s.latency_p50_ns = 0.0;
+    s.latency_p99_ns = 0.0;
+    s
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
 
     #[test]
-    fn random_streams_keep_every_invariant(ops in proptest::collection::vec(op(), 1..120)) {
-        let mut p = pool(128 * MIB);
+    fn random_streams_keep_every_invariant(
+        ops in proptest::collection::vec(op(), 1..120),
+        threshold in any::<bool>(),
+    ) {
+        let mut cfg = PoolConfig::new(2 * MIB);
+        cfg.check = true;
+        // with a release threshold, whole free pages leave large segments at once
+        cfg.release_threshold = threshold.then_some(8 * MIB);
+        let mut p = Pool::new(device(128 * MIB), cfg).unwrap();
         let mut live: Vec<AllocId> = vec![];
         let mut fences: Vec<u64> = vec![];
         for op in ops {
+            // a refused request leaves the pool as it was (but for counting the failure),
+            // unless it had movable allocations to compact on the way
+            let before = (unchanging(&p), p.page_snapshot());
+            let fixed = p.allocations().iter().all(|x| !x.movable);
             match op {
                 Op::Alloc(size, stream, movable) => {
                     match p.alloc(Request { size, stream, movable, scope: 0 }) {
                         Ok((id, _)) => live.push(id),
-                        Err(Error::OutOfMemory(_)) => {}
+                        Err(Error::OutOfMemory(_)) => if fixed {
+                            prop_assert_eq!(&before, &(unchanging(&p), p.page_snapshot()));
+                        },
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+                Op::Batch(sizes) => {
+                    let mut out = vec![];
+                    match p.alloc_batch(&sizes, 0, &mut out) {
+                        Ok(()) => live.extend(out.iter().map(|&ptr| p.id_of(ptr).unwrap())),
+                        Err(Error::OutOfMemory(_)) => if fixed {
+                            prop_assert!(out.is_empty());
+                            prop_assert_eq!(&before, &(unchanging(&p), p.page_snapshot()));
+                        },
                         Err(e) => panic!("{e:?}"),
                     }
                 }
@@ -678,7 +768,7 @@ fn injected_backend_failures_change_nothing() {
                 }
                 Err(e) => panic!("{e:?}"),
             }
-            if step % 4 == 3 && live.len() > 2 {
+            if step % 2 == 1 && live.len() > 2 {
                 p.free(live.remove(1)).unwrap();
             }
             p.validate().unwrap();
