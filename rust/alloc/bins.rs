@@ -93,6 +93,13 @@ impl LinkRead for [Link] {
     }
 }
 
+impl<T: LinkRead + ?Sized> LinkRead for &T {
+    #[inline]
+    fn link(&self, i: u32) -> Link {
+        (**self).link(i)
+    }
+}
+
 impl LinkWrite for [Link] {
     #[inline]
     fn link_mut(&mut self, i: u32) -> &mut Link {

@@ -219,10 +219,14 @@ struct Page {
     chunk: u64,
 }
 
-/// A piece of a heap or large page. Its bin links live in it, and it knows its page kind,
-/// so the hot paths touch one cache line per block (the page table is not read).
+/// A piece of a heap page or a large segment. Its primary bin links live in it, and it knows
+/// its page kind, so the hot paths touch one cache line per block (the page table is not
+/// read); 32 bytes, so two share a cache line and none straddles one. A used block is in no
+/// bin, so its links hold its allocation instead (`owner`); the secondary links (suffix and
+/// prefix bins, only ever used by free large blocks at a segment's ends) live beside the
+/// blocks, in `Pool::sec_links`.
 #[derive(Copy, Clone, Debug)]
-#[repr(align(16))]
+#[repr(align(32))]
 struct Block {
     /// The page the block starts in, and its offset there in granules.
     page: u32,
@@ -233,17 +237,32 @@ struct Block {
     /// Neighbours in the page or segment (NIL at its ends).
     prev: u32,
     next: u32,
-    /// The owning allocation's slot while used.
-    alloc: u32,
     free: bool,
-    /// In a heap page (else a large page).
+    /// In a heap page (else a large segment).
     heap: bool,
-    /// Links in the primary bins (heap or large) and the secondary ones (suffix or prefix).
-    links: [Link; 2],
+    /// Free: links in the primary bins (heap or large). Used: `prev` is the owner's slot.
+    links: Link,
+}
+
+const _: () = assert!(std::mem::size_of::<Block>() == 32);
+
+impl Block {
+    /// The allocation a used block belongs to.
+    #[inline]
+    fn owner(&self) -> u32 {
+        debug_assert!(!self.free);
+        self.links.prev
+    }
 }
 
 #[inline(always)]
-fn bin_op<L: LinkWrite>(bins: &mut Bins, links: &mut L, item: u32, bin: usize, insert: bool) {
+fn bin_op<L: LinkWrite + ?Sized>(
+    bins: &mut Bins,
+    links: &mut L,
+    item: u32,
+    bin: usize,
+    insert: bool,
+) {
     if insert {
         bins.push(links, item, bin)
     } else {
@@ -251,28 +270,28 @@ fn bin_op<L: LinkWrite>(bins: &mut Bins, links: &mut L, item: u32, bin: usize, i
     }
 }
 
-/// The links of slot `S` of every block, for [`Bins`].
-struct BlockLinks<'a, const S: usize>(&'a mut [Block]);
-struct BlockLinksRef<'a, const S: usize>(&'a [Block]);
+/// The primary links of every block, for [`Bins`].
+struct BlockLinks<'a>(&'a mut [Block]);
+struct BlockLinksRef<'a>(&'a [Block]);
 
-impl<const S: usize> LinkRead for BlockLinks<'_, S> {
+impl LinkRead for BlockLinks<'_> {
     #[inline]
     fn link(&self, i: u32) -> Link {
-        self.0[i as usize].links[S]
+        self.0[i as usize].links
     }
 }
 
-impl<const S: usize> LinkWrite for BlockLinks<'_, S> {
+impl LinkWrite for BlockLinks<'_> {
     #[inline]
     fn link_mut(&mut self, i: u32) -> &mut Link {
-        &mut self.0[i as usize].links[S]
+        &mut self.0[i as usize].links
     }
 }
 
-impl<const S: usize> LinkRead for BlockLinksRef<'_, S> {
+impl LinkRead for BlockLinksRef<'_> {
     #[inline]
     fn link(&self, i: u32) -> Link {
-        self.0[i as usize].links[S]
+        self.0[i as usize].links
     }
 }
 
@@ -411,6 +430,8 @@ pub struct Pool {
     /// A batch is being placed: its requests keep the journal for the batch.
     batching: bool,
     blocks: Vec<Block>,
+    /// The secondary bin links of each block (see [`Block`]).
+    sec_links: Vec<Link>,
     vacant_blocks: Vec<u32>,
     heap_bins: Bins,
     large_bins: Bins,
@@ -531,6 +552,7 @@ impl Pool {
             journal: Vec::new(),
             batching: false,
             blocks: Vec::new(),
+            sec_links: Vec::new(),
             vacant_blocks: Vec::new(),
             heap_bins: Bins::default(),
             large_bins: Bins::default(),
@@ -773,6 +795,7 @@ impl Pool {
             i
         } else {
             self.blocks.push(b);
+            self.sec_links.push(Link::UNLINKED);
             (self.blocks.len() - 1) as u32
         }
     }
@@ -820,15 +843,9 @@ impl Pool {
             2 => Some(&mut self.prefix_bins),
             _ => None,
         };
-        bin_op(
-            primary,
-            &mut BlockLinks::<0>(&mut self.blocks),
-            b,
-            bin,
-            insert,
-        );
+        bin_op(primary, &mut BlockLinks(&mut self.blocks), b, bin, insert);
         if let Some(bins) = secondary {
-            bin_op(bins, &mut BlockLinks::<1>(&mut self.blocks), b, bin, insert);
+            bin_op(bins, &mut self.sec_links[..], b, bin, insert);
         }
     }
 
@@ -856,9 +873,8 @@ impl Pool {
             prev: NIL,
             next: NIL,
             free: true,
-            alloc: NIL,
             heap: kind == PageKind::Heap,
-            links: [Link::UNLINKED; 2],
+            links: Link::UNLINKED,
         });
         self.page_to(p, kind, b);
         b
@@ -878,9 +894,8 @@ impl Pool {
                 prev: blk.prev,
                 next: b,
                 free: true,
-                alloc: NIL,
                 heap: blk.heap,
-                links: [Link::UNLINKED; 2],
+                links: Link::UNLINKED,
             });
             if blk.prev != NIL {
                 self.blocks[blk.prev as usize].next = f;
@@ -900,9 +915,8 @@ impl Pool {
                 prev: b,
                 next: blk.next,
                 free: true,
-                alloc: NIL,
                 heap: blk.heap,
-                links: [Link::UNLINKED; 2],
+                links: Link::UNLINKED,
             });
             if blk.next != NIL {
                 self.blocks[blk.next as usize].prev = f;
@@ -916,7 +930,7 @@ impl Pool {
             u.off = off;
             u.len = len;
             u.free = false;
-            u.alloc = a;
+            u.links = Link { prev: a, next: NIL };
         }
         if at > 0 {
             let f = self.blocks[b as usize].prev;
@@ -945,7 +959,7 @@ impl Pool {
         {
             let u = &mut self.blocks[b as usize];
             u.free = true;
-            u.alloc = NIL;
+            u.links = Link::UNLINKED;
         }
         if blk.prev != NIL && self.blocks[blk.prev as usize].free {
             let l = blk.prev;
@@ -1028,9 +1042,8 @@ impl Pool {
                 prev: NIL,
                 next: blk.next,
                 free: true,
-                alloc: NIL,
                 heap: false,
-                links: [Link::UNLINKED; 2],
+                links: Link::UNLINKED,
             };
             let r = if spare != NIL {
                 self.blocks[spare as usize] = r;
@@ -1099,7 +1112,7 @@ impl Pool {
                         self.vacant_blocks.swap_remove(i);
                     }
                     self.blocks[b as usize] = Block {
-                        links: [Link::UNLINKED; 2],
+                        links: Link::UNLINKED,
                         ..orig
                     };
                     for q in p0..p1 {
@@ -1147,7 +1160,7 @@ impl Pool {
             bin -= 1;
             let items: SmallVec<[u32; 16]> = self
                 .large_bins
-                .iter(&BlockLinksRef::<0>(&self.blocks), bin)
+                .iter(&BlockLinksRef(&self.blocks), bin)
                 .collect();
             for b in items {
                 if self.free_pages.free_units() >= want {
@@ -1188,12 +1201,10 @@ impl Pool {
     /// to out of memory): a free block of a large page will do too.
     #[inline]
     fn place_small(&mut self, units: u32, a: u32, relaxed: bool) -> Option<Layout> {
-        if let Some(b) = self.heap_bins.find_fit(
-            &BlockLinksRef::<0>(&self.blocks),
-            units,
-            SCAN,
-            self.block_len(),
-        ) {
+        if let Some(b) =
+            self.heap_bins
+                .find_fit(&BlockLinksRef(&self.blocks), units, SCAN, self.block_len())
+        {
             self.remove_free(b);
             return Some(Layout::Block(self.carve(b, 0, units, a)));
         }
@@ -1215,7 +1226,7 @@ impl Pool {
     #[inline]
     fn place_in_large_block(&mut self, units: u32, a: u32) -> Option<Layout> {
         let b = self.large_bins.find_fit(
-            &BlockLinksRef::<0>(&self.blocks),
+            &BlockLinksRef(&self.blocks),
             units,
             SCAN,
             self.block_len(),
@@ -1253,12 +1264,10 @@ impl Pool {
         // Tail: a free page start that fits it closely, else the start of a fresh page.
         let mut tail = NIL;
         if t > 0 {
-            if let Some(b) = self.prefix_bins.find_fit(
-                &BlockLinksRef::<1>(&self.blocks),
-                t,
-                SCAN,
-                self.block_len(),
-            ) {
+            if let Some(b) =
+                self.prefix_bins
+                    .find_fit(&self.sec_links[..], t, SCAN, self.block_len())
+            {
                 if self.blocks[b as usize].len - t <= self.slack_units {
                     tail = b;
                 }
@@ -1274,12 +1283,10 @@ impl Pool {
             // below a page may also take a free block of a heap page.
             let mut ok = false;
             if fresh_tail {
-                if let Some(b) = self.prefix_bins.find_fit(
-                    &BlockLinksRef::<1>(&self.blocks),
-                    t,
-                    SCAN,
-                    self.block_len(),
-                ) {
+                if let Some(b) =
+                    self.prefix_bins
+                        .find_fit(&self.sec_links[..], t, SCAN, self.block_len())
+                {
                     tail = b;
                     need -= 1;
                     ok = self.ensure_pages(need);
@@ -1288,7 +1295,7 @@ impl Pool {
             if !ok {
                 if units < pg {
                     let b = self.heap_bins.find_fit(
-                        &BlockLinksRef::<0>(&self.blocks),
+                        &BlockLinksRef(&self.blocks),
                         units as u32,
                         SCAN,
                         self.block_len(),
@@ -1390,10 +1397,10 @@ impl Pool {
     fn pick_head(&self, units: u64) -> u32 {
         let pg = self.pg as u64;
         let n = units.min(u32::MAX as u64) as u32;
-        let links = BlockLinksRef::<1>(&self.blocks);
+        let links: &[Link] = &self.sec_links;
         let Some(first) = self
             .suffix_bins
-            .find_at_most(&links, n, SCAN, self.block_len())
+            .find_at_most(links, n, SCAN, self.block_len())
             .filter(|&b| self.blocks[b as usize].len <= n)
         else {
             return NIL;
@@ -1410,7 +1417,7 @@ impl Pool {
         let bin = bin_of(self.blocks[first as usize].len);
         let found = self
             .suffix_bins
-            .iter(&links, bin)
+            .iter(links, bin)
             .take(SCAN)
             .find(|&b| self.blocks[b as usize].len <= n && contiguous(b));
         found.unwrap_or(first)
@@ -2409,7 +2416,7 @@ impl Pool {
                 .filter(|&b| !self.blocks[b as usize].free)
                 .collect();
             let movable = used.iter().all(|&b| {
-                let x = &self.allocs[self.blocks[b as usize].alloc as usize];
+                let x = &self.allocs[self.blocks[b as usize].owner() as usize];
                 x.state == State::Live && x.movable && x.pins == 0
             });
             let room: u64 = order[..src]
@@ -2440,7 +2447,7 @@ impl Pool {
                 });
                 let Some(nb) = target else { break };
                 self.remove_free(nb);
-                let a = self.blocks[b as usize].alloc;
+                let a = self.blocks[b as usize].owner();
                 let nb = self.carve(nb, 0, len, a);
                 let old = self.allocs[a as usize].ptr;
                 let new =

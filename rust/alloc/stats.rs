@@ -366,7 +366,7 @@ impl Pool {
                                 }
                             }
                         } else {
-                            let x = &self.allocs[blk.alloc as usize];
+                            let x = &self.allocs[blk.owner() as usize];
                             let owns = match &x.layout {
                                 Layout::Block(ob) => *ob == b,
                                 Layout::Stitched(i) => {
@@ -439,10 +439,7 @@ impl Pool {
             }
             Ok(())
         };
-        let (l0, l1) = (
-            BlockLinksRef::<0>(&self.blocks),
-            BlockLinksRef::<1>(&self.blocks),
-        );
+        let (l0, l1) = (BlockLinksRef(&self.blocks), &self.sec_links[..]);
         binned(&self.heap_bins, &l0, Some(true))?;
         binned(&self.large_bins, &l0, Some(false))?;
         binned(&self.suffix_bins, &l1, Some(false))?;
@@ -610,7 +607,7 @@ impl Pool {
                     let mut pages: Vec<PageSnapshot> = Vec::new();
                     for b in self.page_blocks(p as u32) {
                         let blk = &self.blocks[b as usize];
-                        let owner = (!blk.free).then(|| self.allocs[blk.alloc as usize].ptr);
+                        let owner = (!blk.free).then(|| self.allocs[blk.owner() as usize].ptr);
                         let (mut g, end) =
                             (self.start_of(blk), self.start_of(blk) + blk.len as u64);
                         while g < end {
