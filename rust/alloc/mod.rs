@@ -826,13 +826,13 @@ impl Pool {
     /// A free block goes into (`insert`) or out of the bins its page kind and position say.
     /// Blocks of a page being emptied by `defrag` stay out.
     #[inline]
-    fn rebin(&mut self, b: u32, insert: bool) {
-        let blk = self.blocks[b as usize];
+    fn rebin<const INSERT: bool>(&mut self, b: u32) {
+        let blk = &self.blocks[b as usize];
         if blk.page == self.evacuating {
             return;
         }
         let bin = bin_of(blk.len);
-        let (heap, sec) = self.block_class(&blk);
+        let (heap, sec) = self.block_class(blk);
         let primary = if heap {
             &mut self.heap_bins
         } else {
@@ -843,20 +843,20 @@ impl Pool {
             2 => Some(&mut self.prefix_bins),
             _ => None,
         };
-        bin_op(primary, &mut BlockLinks(&mut self.blocks), b, bin, insert);
+        bin_op(primary, &mut BlockLinks(&mut self.blocks), b, bin, INSERT);
         if let Some(bins) = secondary {
-            bin_op(bins, &mut self.sec_links[..], b, bin, insert);
+            bin_op(bins, &mut self.sec_links[..], b, bin, INSERT);
         }
     }
 
     #[inline]
     fn insert_free(&mut self, b: u32) {
-        self.rebin(b, true)
+        self.rebin::<true>(b)
     }
 
     #[inline]
     fn remove_free(&mut self, b: u32) {
-        self.rebin(b, false)
+        self.rebin::<false>(b)
     }
 
     /// Makes pages `[p, p + n)` (just taken from the free runs) a heap page (`n` = 1) or a
@@ -1708,7 +1708,15 @@ impl Pool {
         {
             self.poll();
         }
-        let saved = self.counters.clone();
+        // what placing may change before a backend refusal undoes it (not a clone of every
+        // counter: this is the hot path)
+        let c = &self.counters;
+        let saved = (
+            c.reserved_bytes,
+            c.peak_reserved,
+            c.pages_taken,
+            c.pages_released,
+        );
         let mark = self.journal.len();
         let a = self.new_slot();
         let layout = match self.place(units, a, false) {
@@ -1745,7 +1753,14 @@ impl Pool {
                 self.unplace(layout);
                 self.vacant_allocs.push(a);
                 self.undo_to(mark);
-                self.rollback(saved);
+                let c = &mut self.counters;
+                (
+                    c.reserved_bytes,
+                    c.peak_reserved,
+                    c.pages_taken,
+                    c.pages_released,
+                ) = saved;
+                c.failures += 1;
                 return Err(e);
             }
         };
