@@ -22,6 +22,10 @@ from typing import Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# gpumm's rows in benches/peers.rs: the default pool (it takes pages from the device as it
+# needs them), and one that reserves the whole device up front, as the peers manage it
+VARIANTS = {"gpumm": "", "gpumm-80G": " (pool: 80 GiB up front)"}
+
 
 def criterion(quick: bool) -> Dict[Tuple[str, str], float]:
     """Median ns of each (group, allocator) of benches/peers.rs."""
@@ -70,11 +74,12 @@ def main() -> int:
     fills = fill()
     rows = []
     for group in ("peers-churn", "peers-fixed-1KiB"):
-        g = rust.get((group, "gpumm"))
-        for (grp, name), ns in sorted(rust.items()):
-            if grp == group and name != "gpumm" and g:
-                rows.append({"scenario": f"Rust {group[6:]}", "peer": name, "gpumm_ns": g,
-                             "peer_ns": ns, "ratio": g / ns})
+        for variant, label in VARIANTS.items():
+            g = rust.get((group, variant))
+            for (grp, name), ns in sorted(rust.items()):
+                if grp == group and not name.startswith("gpumm") and g:
+                    rows.append({"scenario": f"Rust {group[6:]}{label}", "peer": name,
+                                 "gpumm_ns": g, "peer_ns": ns, "ratio": g / ns})
     null = py.get("null", 0.0)
     g = py.get("gpumm")
     for name, ns in sorted(py.items()):
@@ -99,10 +104,10 @@ def main() -> int:
         print(json.dumps({"rows": rows, "rust_ns": {f"{k[0]}/{k[1]}": v for k, v in rust.items()},
                           "python_ns": py, "fill_percent": dict(fills)}, indent=2))
         return 0
-    print(f"{'scenario':44} {'peer':22} {'gpumm':>10} {'peer':>10} {'gpumm/peer':>10}")
+    print(f"{'scenario':50} {'peer':22} {'gpumm':>10} {'peer':>10} {'gpumm/peer':>10}")
     for r in rows:
         unit = "%" if "fill" in r["scenario"] else "ns"
-        print(f"{r['scenario']:44} {r['peer']:22} {r['gpumm_ns']:9.1f}{unit:1} "
+        print(f"{r['scenario']:50} {r['peer']:22} {r['gpumm_ns']:9.1f}{unit:1} "
               f"{r['peer_ns']:9.1f}{unit:1} {r['ratio']:10.3f}")
     return 0
 

@@ -7,7 +7,9 @@
 //!
 //! Streams: `churn` (2048 live allocations of log-uniform sizes 256 B – 64 MiB; each step frees
 //! a random one of the churning half and allocates a new size: one alloc + free pair) and
-//! `fixed` (a 1 KiB pair on a warm allocator). gpumm runs on an 80 GiB simulated device.
+//! `fixed` (a 1 KiB pair on a warm allocator). gpumm runs on an 80 GiB simulated device, as
+//! the default pool (taking pages as it needs them) and as `gpumm-80G`, a pool that reserves
+//! the whole device up front, as the peers manage the whole 80 GiB from the start.
 //! `python benches/compare.py` prints the ratios.
 
 #![allow(unsafe_code)]
@@ -40,6 +42,10 @@ struct Gpumm(Pool);
 
 impl Gpumm {
     fn new() -> Self {
+        Self::with_initial(0)
+    }
+    /// A pool that reserves `initial` bytes when it is made.
+    fn with_initial(initial: u64) -> Self {
         let mut c = PmmConfig::new(
             80 * G,
             SizeMask::from_sizes(&[4 * K, 64 * K, 2 * M]).unwrap(),
@@ -50,7 +56,9 @@ impl Gpumm {
             pmm: Arc::new(Mutex::new(Pmm::new(c).unwrap())),
             backend: Arc::new(Simulated::new(80 * G, 2 * M).unwrap()),
         });
-        Gpumm(Pool::new(dev, PoolConfig::new(2 * M)).unwrap())
+        let mut cfg = PoolConfig::new(2 * M);
+        cfg.initial_size = initial;
+        Gpumm(Pool::new(dev, cfg).unwrap())
     }
 }
 
@@ -169,6 +177,7 @@ fn fixed<P: Peer>(c: &mut Criterion, name: &str, mut p: P) {
 
 fn benches(c: &mut Criterion) {
     churn(c, "gpumm", Gpumm::new());
+    churn(c, "gpumm-80G", Gpumm::with_initial(80 * G));
     churn(
         c,
         "offset-allocator",

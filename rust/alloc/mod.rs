@@ -1954,7 +1954,15 @@ impl Pool {
 
     fn slot_of_ptr(&mut self, ptr: u64) -> Result<u32> {
         self.open()?;
-        if let Some(a) = self.ptr_index().get(ptr) {
+        self.ptr_index();
+        self.slot_of_indexed_ptr(ptr)
+    }
+
+    /// `slot_of_ptr` once the pool is known open and the pointer index built.
+    #[inline]
+    fn slot_of_indexed_ptr(&self, ptr: u64) -> Result<u32> {
+        let index = self.by_ptr.as_ref().expect("the pointer index is built");
+        if let Some(a) = index.get(ptr) {
             return match self.allocs[a as usize].state {
                 State::Freeing => Err(Error::InvalidFree(format!(
                     "{ptr:#x} was already freed on stream {}",
@@ -2225,6 +2233,7 @@ impl Pool {
         x.members = sizes.len() as u32;
         out.reserve(sizes.len());
         let mut ptr = base;
+        let mut live = 0;
         for &size in sizes {
             let units = size.div_ceil(GRANULE);
             let a = self.new_slot();
@@ -2241,10 +2250,17 @@ impl Pool {
             if let Some(m) = &mut self.by_ptr {
                 m.insert(ptr, a);
             }
-            self.count_alloc(size, units);
+            live += size;
             out.push(ptr);
             ptr += units * GRANULE;
         }
+        // counted once for all: the members' sizes, and their rounded sizes (the group's)
+        let c = &mut self.counters;
+        c.allocs += sizes.len() as u64;
+        c.live_bytes += live;
+        c.used_bytes += bytes;
+        c.peak_live = c.peak_live.max(c.live_bytes);
+        c.peak_used = c.peak_used.max(c.used_bytes);
         self.check();
         Ok(())
     }
@@ -2255,10 +2271,12 @@ impl Pool {
         // Slots are marked while checked (a pin count no allocation can have), which finds a
         // pointer named twice without a set; on an error the marks are taken off.
         const MARK: u32 = u32::MAX;
+        self.open()?;
+        self.ptr_index();
         let mut slots = Vec::with_capacity(ptrs.len());
         let mut result = Ok(());
         for &p in ptrs {
-            let a = match self.slot_of_ptr(p) {
+            let a = match self.slot_of_indexed_ptr(p) {
                 Ok(a) => a,
                 Err(e) => {
                     result = Err(e);
@@ -2278,11 +2296,14 @@ impl Pool {
             self.allocs[a as usize].pins = MARK;
             slots.push(a);
         }
-        for &a in &slots {
-            self.allocs[a as usize].pins = 0;
+        if result.is_err() {
+            for &a in &slots {
+                self.allocs[a as usize].pins = 0;
+            }
+            return result;
         }
-        result?;
         for a in slots {
+            self.allocs[a as usize].pins = 0;
             self.counters.live_bytes -= self.allocs[a as usize].size;
             self.counters.frees += 1;
             self.finish_free(a);
