@@ -1155,9 +1155,17 @@ impl Pool {
             return;
         }
         let lowest = bin_of(self.pg);
-        let mut bin = NUM_BINS;
-        while bin > lowest && self.free_pages.free_units() < want {
-            bin -= 1;
+        let mut top = NUM_BINS - 1;
+        while self.free_pages.free_units() < want {
+            // the next non-empty bin down (the bitmap skips the empty ones)
+            let Some(bin) = self
+                .large_bins
+                .last_at_or_below(top)
+                .filter(|&b| b >= lowest)
+            else {
+                break;
+            };
+            top = bin - 1; // bin >= lowest >= 1
             let items: SmallVec<[u32; 16]> = self
                 .large_bins
                 .iter(&BlockLinksRef(&self.blocks), bin)
