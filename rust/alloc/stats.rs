@@ -104,11 +104,15 @@ pub struct PoolStats {
     pub stitched: u64,
     pub live_allocs: u64,
     pub pending_frees: u64,
+    /// Pages in the free runs (whole free pages inside large segments are not counted here:
+    /// they are in `large_free_bytes`, and in `largest_request`, since a request that needs
+    /// them reclaims them).
     pub pages_free: u64,
     pub pages_heap: u64,
+    /// Pages of large segments.
     pub pages_large: u64,
     pub pages_full: u64,
-    /// Free bytes inside heap pages and inside large pages.
+    /// Free bytes inside heap pages and inside large segments.
     pub heap_free_bytes: u64,
     pub large_free_bytes: u64,
     pub pages_taken: u64,
