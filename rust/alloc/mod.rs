@@ -1911,6 +1911,15 @@ impl Pool {
     /// The memory of slot `a` (live or freeing) goes back; the slot becomes vacant.
     #[inline]
     fn finish_free(&mut self, a: u32) {
+        if let Some(m) = &mut self.by_ptr {
+            m.remove(self.allocs[a as usize].ptr);
+        }
+        self.release_slot(a);
+    }
+
+    /// `finish_free` of a slot whose pointer is no longer in the pointer index.
+    #[inline]
+    fn release_slot(&mut self, a: u32) {
         let x = &mut self.allocs[a as usize];
         let (ptr, units, freeing) = (x.ptr, x.units, x.state == State::Freeing);
         let layout = std::mem::replace(&mut x.layout, Layout::None);
@@ -1921,9 +1930,6 @@ impl Pool {
             debug_assert!(r.is_ok(), "scrub failed: {r:?}");
         }
         self.unplace(layout);
-        if let Some(m) = &mut self.by_ptr {
-            m.remove(ptr);
-        }
         self.vacant_allocs.push(a);
         if !matches!(layout, Layout::Member(_)) {
             // a member's memory stays used until its group goes back (in `unplace`)
@@ -2276,24 +2282,32 @@ impl Pool {
     /// Frees every pointer in `ptrs` (all or none: each must be a live, unpinned allocation,
     /// named once).
     pub fn free_batch(&mut self, ptrs: &[u64]) -> Result<()> {
-        // Slots are marked while checked (a pin count no allocation can have), which finds a
-        // pointer named twice without a set; on an error the marks are taken off.
-        const MARK: u32 = u32::MAX;
         self.open()?;
         self.ptr_index();
-        let mut slots = Vec::with_capacity(ptrs.len());
+        // Each pointer leaves the pointer index as it is checked (one probe serves the check
+        // and the removal); a pointer named twice is then missing from it. On an error every
+        // pointer taken out goes back, and nothing is freed.
+        let mut taken: Vec<(u64, u32)> = Vec::with_capacity(ptrs.len());
         let mut result = Ok(());
         for &p in ptrs {
-            let a = match self.slot_of_indexed_ptr(p) {
-                Ok(a) => a,
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+            let index = self.by_ptr.as_mut().expect("the pointer index is built");
+            let Some(a) = index.remove(p) else {
+                result = Err(if taken.iter().any(|&(q, _)| q == p) {
+                    Error::InvalidFree(format!("{p:#x} appears twice in one free"))
+                } else {
+                    // not in the index: say why (interior, foreign, already freed)
+                    self.slot_of_indexed_ptr(p)
+                        .err()
+                        .expect("a pointer missing from the index is refused")
+                });
+                break;
             };
-            if self.allocs[a as usize].pins == MARK {
+            taken.push((p, a));
+            let x = &self.allocs[a as usize];
+            if x.state == State::Freeing {
                 result = Err(Error::InvalidFree(format!(
-                    "{p:#x} appears twice in one free"
+                    "{p:#x} was already freed on stream {}",
+                    x.stream
                 )));
                 break;
             }
@@ -2301,20 +2315,18 @@ impl Pool {
                 result = Err(e);
                 break;
             }
-            self.allocs[a as usize].pins = MARK;
-            slots.push(a);
         }
         if result.is_err() {
-            for &a in &slots {
-                self.allocs[a as usize].pins = 0;
+            let index = self.by_ptr.as_mut().expect("the pointer index is built");
+            for &(p, a) in &taken {
+                index.insert(p, a);
             }
             return result;
         }
-        for a in slots {
-            self.allocs[a as usize].pins = 0;
+        for (_, a) in taken {
             self.counters.live_bytes -= self.allocs[a as usize].size;
             self.counters.frees += 1;
-            self.finish_free(a);
+            self.release_slot(a);
         }
         self.after_free();
         self.check();
