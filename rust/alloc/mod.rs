@@ -2297,8 +2297,7 @@ impl Pool {
                 } else {
                     // not in the index: say why (interior, foreign, already freed)
                     self.slot_of_indexed_ptr(p)
-                        .err()
-                        .expect("a pointer missing from the index is refused")
+                        .expect_err("a pointer missing from the index is refused")
                 });
                 break;
             };
