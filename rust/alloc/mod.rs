@@ -122,6 +122,9 @@ impl PoolConfig {
     }
 }
 
+/// A block freed by `free_batch` and not yet merged (in its `links.prev`; never a block index).
+const PENDING: u32 = NIL - 1;
+
 /// The longest block a large segment holds, in granules (larger requests are stitched).
 const MAX_BLOCK: u64 = 1 << 31;
 
@@ -950,6 +953,14 @@ impl Pool {
         self.carve(b, 0, len, a);
     }
 
+    /// A free block in its bins (not one `free_batch` has yet to merge, which it leaves to
+    /// `merge_pending`).
+    #[inline]
+    fn binned_free(&self, b: u32) -> bool {
+        let blk = &self.blocks[b as usize];
+        blk.free && blk.links.prev != PENDING
+    }
+
     /// A used block becomes free and merges with free neighbours; a page left empty becomes
     /// a free page.
     #[inline]
@@ -961,7 +972,7 @@ impl Pool {
             u.free = true;
             u.links = Link::UNLINKED;
         }
-        if blk.prev != NIL && self.blocks[blk.prev as usize].free {
+        if blk.prev != NIL && self.binned_free(blk.prev) {
             let l = blk.prev;
             self.remove_free(l);
             let left = self.blocks[l as usize];
@@ -978,7 +989,7 @@ impl Pool {
             self.drop_block(l);
         }
         let next = self.blocks[b as usize].next;
-        if next != NIL && self.blocks[next as usize].free {
+        if next != NIL && self.binned_free(next) {
             self.remove_free(next);
             let right = self.blocks[next as usize];
             let u = &mut self.blocks[b as usize];
@@ -1191,6 +1202,73 @@ impl Pool {
         let mark = self.journal.len();
         self.reclaim(u64::MAX);
         self.journal.truncate(mark);
+    }
+
+    /// Merges blocks marked free by `release_slot_into` with their free neighbours, one pass
+    /// per run of free blocks (freeing a batch of neighbours costs one bin insert, not one
+    /// merge each), then bins each run or gives its page or segment back.
+    fn merge_pending(&mut self, pending: &[u32]) {
+        let mut starts: SmallVec<[u32; 8]> = SmallVec::new();
+        for &b in pending {
+            if self.blocks[b as usize].page == NIL {
+                continue; // absorbed into a run already
+            }
+            // the run's first block
+            let mut s = b;
+            loop {
+                let pv = self.blocks[s as usize].prev;
+                if pv != NIL && self.blocks[pv as usize].free {
+                    s = pv;
+                } else {
+                    break;
+                }
+            }
+            let links = self.blocks[s as usize].links;
+            if links.prev == PENDING && links.next == PENDING {
+                continue; // the start of a run merged already
+            }
+            if links.prev != PENDING {
+                self.remove_free(s); // a free block from before, in its bins
+            }
+            // absorb every free block to its right
+            loop {
+                let nx = self.blocks[s as usize].next;
+                if nx == NIL || !self.blocks[nx as usize].free {
+                    break;
+                }
+                let right = self.blocks[nx as usize];
+                if right.links.prev != PENDING {
+                    self.remove_free(nx);
+                }
+                let u = &mut self.blocks[s as usize];
+                u.len += right.len;
+                u.next = right.next;
+                if right.next != NIL {
+                    self.blocks[right.next as usize].prev = s;
+                }
+                self.drop_block(nx);
+            }
+            self.blocks[s as usize].links = Link {
+                prev: PENDING,
+                next: PENDING,
+            };
+            starts.push(s);
+        }
+        for s in starts {
+            self.blocks[s as usize].links = Link::UNLINKED;
+            let u = self.blocks[s as usize];
+            if u.prev == NIL && u.next == NIL {
+                self.drop_block(s);
+                if u.page == self.evacuating {
+                    self.evacuating = NIL;
+                }
+                self.pages_free(u.page, u.len >> self.gshift);
+            } else if !u.heap && self.eager {
+                let _ = self.split_out(s);
+            } else {
+                self.insert_free(s);
+            }
+        }
     }
 
     /// The virtual address of granule `off` of page `p` in the direct map.
@@ -1682,16 +1760,22 @@ impl Pool {
         self.alloc_req(req, true)
     }
 
+    /// A request on `stream`: remembers whether requests have come on more than one stream.
+    #[inline]
+    fn note_stream(&mut self, stream: u64) {
+        match self.first_stream {
+            Some(s) if s != stream => self.streams_mixed = true,
+            None => self.first_stream = Some(stream),
+            _ => {}
+        }
+    }
+
     /// `alloc`; `reuse`: a pending free on the request's stream may serve it.
     #[inline]
     fn alloc_req(&mut self, req: Request, reuse: bool) -> Result<(AllocId, u64)> {
         self.open()?;
         let units = self.validate_size(req.size)?;
-        match self.first_stream {
-            Some(s) if s != req.stream => self.streams_mixed = true,
-            None => self.first_stream = Some(req.stream),
-            _ => {}
-        }
+        self.note_stream(req.stream);
         self.counters.calls += 1;
         let timed = self.counters.calls % LATENCY_SAMPLE == 0;
         let t0 = timed.then(Instant::now);
@@ -1920,6 +2004,13 @@ impl Pool {
     /// `finish_free` of a slot whose pointer is no longer in the pointer index.
     #[inline]
     fn release_slot(&mut self, a: u32) {
+        self.release_slot_into(a, None)
+    }
+
+    /// `release_slot`; with `pending`, a one-block layout is only marked free (not merged or
+    /// binned) and its block listed there, for `merge_pending`.
+    #[inline]
+    fn release_slot_into(&mut self, a: u32, pending: Option<&mut Vec<u32>>) {
         let x = &mut self.allocs[a as usize];
         let (ptr, units, freeing) = (x.ptr, x.units, x.state == State::Freeing);
         let layout = std::mem::replace(&mut x.layout, Layout::None);
@@ -1929,7 +2020,18 @@ impl Pool {
             let r = self.dev.backend.zero(ptr, units * GRANULE);
             debug_assert!(r.is_ok(), "scrub failed: {r:?}");
         }
-        self.unplace(layout);
+        match (layout, pending) {
+            (Layout::Block(b), Some(pending)) => {
+                let u = &mut self.blocks[b as usize];
+                u.free = true;
+                u.links = Link {
+                    prev: PENDING,
+                    next: NIL,
+                };
+                pending.push(b);
+            }
+            (layout, _) => self.unplace(layout),
+        }
         self.vacant_allocs.push(a);
         if !matches!(layout, Layout::Member(_)) {
             // a member's memory stays used until its group goes back (in `unplace`)
@@ -2148,6 +2250,10 @@ impl Pool {
             self.validate_size(s)?;
         }
         self.ptr_index(); // the caller will free by pointer
+        if self.batch_in_one_block(sizes, stream, out) {
+            self.check();
+            return Ok(());
+        }
         let start = out.len();
         let saved = self.counters.clone();
         let mut ids = Vec::with_capacity(sizes.len());
@@ -2195,6 +2301,114 @@ impl Pool {
         self.cfg.check = check;
         self.check();
         result
+    }
+
+    /// `alloc_batch` with one placement: when the whole batch lands in one block (a free
+    /// block that holds it, a heap page, a segment extended or opened for it), the block is
+    /// cut into one block per size, each an allocation freed and reused on its own. False,
+    /// with nothing changed, when it would not (it would be stitched, or the pool would have
+    /// to compact or fail): the batch is then placed size by size.
+    fn batch_in_one_block(&mut self, sizes: &[u64], stream: u64, out: &mut Vec<u64>) -> bool {
+        let total: u64 = sizes.iter().map(|s| s.div_ceil(GRANULE)).sum();
+        if sizes.len() < 2 || total > MAX_BLOCK {
+            return false;
+        }
+        self.note_stream(stream);
+        if !self.events.is_empty() {
+            self.poll();
+        }
+        let c = &self.counters;
+        let saved = (
+            c.reserved_bytes,
+            c.peak_reserved,
+            c.pages_taken,
+            c.pages_released,
+        );
+        let mark = self.journal.len();
+        let a0 = self.new_slot();
+        // Not by growing while the pool holds enough free memory for the batch: the sizes
+        // one by one may fit in what it holds, and a pool grows only when nothing fits.
+        let c = &self.counters;
+        let held_free = c.reserved_bytes - c.used_bytes;
+        self.quick = held_free >= total * GRANULE;
+        let placed = self.place(total, a0, false);
+        self.quick = false;
+        self.quick_miss = false;
+        let b = match placed {
+            Some(Layout::Block(b)) => b,
+            placed => {
+                if let Some(layout) = placed {
+                    self.unplace(layout);
+                }
+                self.vacant_allocs.push(a0);
+                self.undo_to(mark);
+                let c = &mut self.counters;
+                (
+                    c.reserved_bytes,
+                    c.peak_reserved,
+                    c.pages_taken,
+                    c.pages_released,
+                ) = saved;
+                return false;
+            }
+        };
+        self.journal.truncate(mark);
+        // Cut it: the first size keeps block `b`, each next one is a block after it.
+        let whole = self.blocks[b as usize];
+        let (mut g, mut prev, mut live) = (self.start_of(&whole), whole.prev, 0);
+        out.reserve(sizes.len());
+        for (i, &size) in sizes.iter().enumerate() {
+            let units = size.div_ceil(GRANULE);
+            let a = if i == 0 { a0 } else { self.new_slot() };
+            let (page, off) = self.locate(g);
+            let piece = Block {
+                page,
+                off,
+                len: units as u32,
+                prev,
+                next: NIL,
+                free: false,
+                heap: whole.heap,
+                links: Link { prev: a, next: NIL },
+            };
+            let id = if i == 0 {
+                self.blocks[b as usize] = piece;
+                b
+            } else {
+                let id = self.new_block(piece);
+                self.blocks[prev as usize].next = id;
+                id
+            };
+            let ptr = self.direct_addr(page, off);
+            let x = &mut self.allocs[a as usize];
+            x.state = State::Live;
+            x.size = size;
+            x.units = units;
+            x.ptr = ptr;
+            x.stream = stream;
+            x.movable = false;
+            x.pins = 0;
+            x.scope = 0;
+            x.layout = Layout::Block(id);
+            if let Some(m) = &mut self.by_ptr {
+                m.insert(ptr, a);
+            }
+            live += size;
+            out.push(ptr);
+            prev = id;
+            g += units;
+        }
+        self.blocks[prev as usize].next = whole.next;
+        if whole.next != NIL {
+            self.blocks[whole.next as usize].prev = prev;
+        }
+        let c = &mut self.counters;
+        c.allocs += sizes.len() as u64;
+        c.live_bytes += live;
+        c.used_bytes += total * GRANULE;
+        c.peak_live = c.peak_live.max(c.live_bytes);
+        c.peak_used = c.peak_used.max(c.used_bytes);
+        true
     }
 
     /// Allocates every size in `sizes` as one arena (all or none): one placement holds them
@@ -2322,11 +2536,13 @@ impl Pool {
             }
             return result;
         }
+        let mut pending = Vec::with_capacity(taken.len());
         for (_, a) in taken {
             self.counters.live_bytes -= self.allocs[a as usize].size;
             self.counters.frees += 1;
-            self.release_slot(a);
+            self.release_slot_into(a, Some(&mut pending));
         }
+        self.merge_pending(&pending);
         self.after_free();
         self.check();
         Ok(())

@@ -137,6 +137,53 @@ fn reclaim_gives_stitching_the_pages_inside_segments() {
 }
 
 #[test]
+fn a_batch_in_one_block_is_cut_into_independent_allocations() {
+    let mut p = pool(64 * MIB);
+    let mut ptrs = vec![];
+    p.alloc_batch(&[1000, 3000, 256, 5000], 0, &mut ptrs)
+        .unwrap();
+    // one placement, back to back at 256 B, each its own block
+    assert_eq!(ptrs[1] - ptrs[0], 1024);
+    assert_eq!(ptrs[2] - ptrs[1], 3072);
+    assert_eq!(ptrs[3] - ptrs[2], 256);
+    for &ptr in &ptrs {
+        let a = p.slot_of_ptr(ptr).unwrap();
+        assert!(matches!(p.allocs[a as usize].layout, Layout::Block(_)));
+    }
+    // one freed alone is reusable at once, by a request of its size
+    p.free_ptr(ptrs[1]).unwrap();
+    let (_, again) = p.alloc(req(3000)).unwrap();
+    assert_eq!(again, ptrs[1]);
+    p.free_ptr(again).unwrap();
+    // the rest freed together merge back into one free page
+    p.free_batch(&[ptrs[3], ptrs[0], ptrs[2]]).unwrap();
+    let s = p.stats();
+    assert_eq!((s.used_bytes, s.pages_heap, s.pages_free), (0, 0, 1));
+    // a batch that would be stitched is placed size by size instead
+    let mut big = vec![];
+    p.alloc_batch(&[3 * MIB, 3 * MIB], 0, &mut big).unwrap();
+    p.free_batch(&big).unwrap();
+    p.validate().unwrap();
+}
+
+#[test]
+fn a_batch_does_not_grow_the_pool_for_one_block_when_its_holes_hold_it() {
+    let mut p = pool(64 * MIB);
+    let ids: Vec<_> = (0..8)
+        .map(|_| p.alloc(req(3 * MIB / 2)).unwrap().0)
+        .collect();
+    for id in ids.iter().step_by(2) {
+        p.free(*id).unwrap(); // four 1.5 MiB holes, none holding a whole page
+    }
+    let reserved = p.stats().reserved_bytes;
+    let mut ptrs = vec![];
+    p.alloc_batch(&[MIB; 4], 0, &mut ptrs).unwrap();
+    // one 4 MiB block would need new pages; the holes hold the sizes one by one
+    assert_eq!(p.stats().reserved_bytes, reserved);
+    p.validate().unwrap();
+}
+
+#[test]
 fn stitching_uses_scattered_pages() {
     // A 20 MiB pool: ten 2 MiB allocations, every other freed: 10 MiB free in 2 MiB holes.
     let mut p = pool(20 * MIB);
@@ -542,6 +589,7 @@ enum Op {
     Alloc(u64, u64, bool),
     Arena(Vec<u64>, u64),
     Batch(Vec<u64>),
+    FreeBatch(usize, usize),
     Free(usize),
     FreePtr(usize),
     FreeAsync(usize, u64),
@@ -562,6 +610,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (size.clone(), 0u64..3, any::<bool>()).prop_map(|(s, st, m)| Op::Alloc(s, st, m)),
         1 => (proptest::collection::vec(size.clone(), 1..6), 0u64..3).prop_map(|(v, st)| Op::Arena(v, st)),
         1 => proptest::collection::vec(size, 1..6).prop_map(Op::Batch),
+        1 => (any::<usize>(), 1usize..6).prop_map(|(i, n)| Op::FreeBatch(i, n)),
         3 => any::<usize>().prop_map(Op::Free),
         1 => any::<usize>().prop_map(Op::FreePtr),
         2 => (any::<usize>(), 0u64..3).prop_map(|(i, s)| Op::FreeAsync(i, s)),
@@ -634,6 +683,17 @@ proptest! {
                         }
                         Err(e) => panic!("{e:?}"),
                     }
+                }
+                Op::FreeBatch(i, n) if !live.is_empty() => {
+                    // up to n allocations from position i on, freed together by pointer
+                    let i = i % live.len();
+                    let n = n.min(live.len() - i);
+                    let ptrs: Vec<u64> = live[i..i + n]
+                        .iter()
+                        .map(|&id| p.info(id).unwrap().ptr)
+                        .collect();
+                    p.free_batch(&ptrs).unwrap();
+                    live.drain(i..i + n);
                 }
                 Op::Free(i) if !live.is_empty() => {
                     let id = live.swap_remove(i % live.len());
