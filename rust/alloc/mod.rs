@@ -2331,7 +2331,7 @@ impl Pool {
         let c = &self.counters;
         let held_free = c.reserved_bytes - c.used_bytes;
         self.quick = held_free >= total * GRANULE;
-        let placed = self.place(total, a0, false);
+        let placed = self.place_batch(total, a0);
         self.quick = false;
         self.quick_miss = false;
         let b = match placed {
@@ -2409,6 +2409,29 @@ impl Pool {
         c.peak_live = c.peak_live.max(c.live_bytes);
         c.peak_used = c.peak_used.max(c.used_bytes);
         true
+    }
+
+    /// The one placement of `batch_in_one_block`: as `place`, but a large batch takes a run of
+    /// free pages that holds it, when no free block does, before trying a head (which would
+    /// be stitched unless the pages after it are free): a batch is placed to be one block.
+    /// When the pool may grow for it (it does not hold the batch's size free), the pages it
+    /// lacks are taken first, so that a batch repeated in a loop finds its run again.
+    fn place_batch(&mut self, units: u64, a: u32) -> Option<Layout> {
+        if units >= self.small_units {
+            if let Some(l) = self.place_in_large_block(units as u32, a) {
+                return Some(l);
+            }
+            let n = units.div_ceil(self.pg as u64) as u32;
+            // (growing when the pool may: the batch does not fit in what it holds free)
+            if !self.quick && self.free_pages.free_units() < n as u64 {
+                self.ensure_pages(n);
+            }
+            if let Some(p) = self.free_pages.alloc(n) {
+                let b = self.open_segment(p, n, PageKind::Large);
+                return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
+            }
+        }
+        self.place(units, a, false)
     }
 
     /// Allocates every size in `sizes` as one arena (all or none): one placement holds them
