@@ -367,7 +367,9 @@ class MemoryPool(_core.Pool):
     def alloc_batch(self, sizes: Any, stream: int = 0, *, arena: bool = False) -> Any:
         """Allocates every size in ``sizes`` (a numpy int64/uint64 array or a list) in one call
         and one lock: all or none. Returns the pointers as a numpy uint64 array; free them with
-        :meth:`free_batch` (or one by one with :meth:`free`).
+        :meth:`free_batch` (or one by one with :meth:`free`). Each is an allocation of its own;
+        when the whole batch fits in one free range of the pool it is placed there, back to
+        back, in one step (several times cheaper than a call per size).
 
         ``arena=True`` places them all at once, back to back at 256-byte alignment, in memory
         that goes back to the pool when the last of them is freed: several times cheaper per
