@@ -1794,8 +1794,11 @@ impl Pool {
             }
         }
         // Memory freed on streams whose work has finished (CUDA events) comes back before the
-        // pool would grow for it, and every 64 calls otherwise.
+        // pool would grow for it, and every 64 calls otherwise. (Not between the requests of
+        // a batch, which polls before its first: a refused batch undoes its page changes by
+        // the block they made, which frees in between could merge away.)
         if !self.events.is_empty()
+            && !self.batching
             && (self.free_pages.free_units() == 0 || self.counters.calls % 64 == 0)
         {
             self.poll();
@@ -2256,6 +2259,9 @@ impl Pool {
         if self.batch_in_one_block(sizes, stream, out) {
             self.check();
             return Ok(());
+        }
+        if !self.events.is_empty() {
+            self.poll();
         }
         let start = out.len();
         let saved = self.counters.clone();
