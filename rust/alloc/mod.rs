@@ -1845,7 +1845,10 @@ impl Pool {
             Err(e) => {
                 // The backend refused the mapping: undo the placement, give back any page
                 // taken for it, and leave the counters as they were (one failure counted).
+                // (Merging back exactly as it was split: no eager page release in between.)
+                let eager = std::mem::replace(&mut self.eager, false);
                 self.unplace(layout);
+                self.eager = eager;
                 self.vacant_allocs.push(a);
                 self.undo_to(mark);
                 let c = &mut self.counters;
@@ -2347,7 +2350,9 @@ impl Pool {
             Some(Layout::Block(b)) => b,
             placed => {
                 if let Some(layout) = placed {
+                    let eager = std::mem::replace(&mut self.eager, false);
                     self.unplace(layout);
+                    self.eager = eager;
                 }
                 self.vacant_allocs.push(a0);
                 self.undo_to(mark);
