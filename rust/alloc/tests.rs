@@ -779,7 +779,8 @@ fn churn_for_profiler() {
 fn injected_backend_failures_change_nothing() {
     use crate::backend::Faulty;
     let mut injected = 0;
-    for fail_at in 1..=40u64 {
+    // with and without a release threshold (whole free pages leave segments at every free)
+    for (fail_at, threshold) in (1..=40u64).flat_map(|n| [(n, None), (n, Some(4 * MIB))]) {
         let d = device(64 * MIB);
         let dev = Arc::new(Device {
             pmm: d.pmm.clone(),
@@ -790,6 +791,7 @@ fn injected_backend_failures_change_nothing() {
         });
         let mut cfg = PoolConfig::new(2 * MIB);
         cfg.check = true;
+        cfg.release_threshold = threshold;
         let Ok(mut p) = Pool::new(dev, cfg) else {
             injected += 1; // the window reservation failed: no pool, nothing held
             assert_eq!(d.pmm.lock().stats().allocated_bytes, 0);
@@ -841,6 +843,6 @@ fn injected_backend_failures_change_nothing() {
         }
         p.validate().unwrap();
     }
-    eprintln!("fault injection: {injected} failures injected over 40 runs");
-    assert!(injected >= 10, "only {injected} failures were injected");
+    eprintln!("fault injection: {injected} failures injected over 80 runs");
+    assert!(injected >= 20, "only {injected} failures were injected");
 }
