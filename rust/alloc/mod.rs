@@ -991,18 +991,32 @@ impl Pool {
         let next = self.blocks[b as usize].next;
         if next != NIL && self.binned_free(next) {
             self.remove_free(next);
-            let right = self.blocks[next as usize];
-            let u = &mut self.blocks[b as usize];
-            u.len += right.len;
-            u.next = right.next;
-            if right.next != NIL {
-                self.blocks[right.next as usize].prev = b;
-            }
-            self.drop_block(next);
+            self.absorb_next(b);
         }
+        self.settle_free(b);
+    }
+
+    /// Block `b` takes in the block after it (free, in no bin), which goes.
+    #[inline]
+    fn absorb_next(&mut self, b: u32) {
+        let nx = self.blocks[b as usize].next;
+        let right = self.blocks[nx as usize];
+        let u = &mut self.blocks[b as usize];
+        u.len += right.len;
+        u.next = right.next;
+        if right.next != NIL {
+            self.blocks[right.next as usize].prev = b;
+        }
+        self.drop_block(nx);
+    }
+
+    /// A free block just merged (in no bin) goes where it belongs: back to the free pages if
+    /// it is its whole page or segment, else its whole pages out (a pool that releases at
+    /// once) or into its bins.
+    #[inline]
+    fn settle_free(&mut self, b: u32) {
         let u = self.blocks[b as usize];
         if u.prev == NIL && u.next == NIL {
-            // the whole page or segment is free: its pages go back
             self.drop_block(b);
             if u.page == self.evacuating {
                 self.evacuating = NIL;
@@ -1236,17 +1250,10 @@ impl Pool {
                 if nx == NIL || !self.blocks[nx as usize].free {
                     break;
                 }
-                let right = self.blocks[nx as usize];
-                if right.links.prev != PENDING {
+                if self.blocks[nx as usize].links.prev != PENDING {
                     self.remove_free(nx);
                 }
-                let u = &mut self.blocks[s as usize];
-                u.len += right.len;
-                u.next = right.next;
-                if right.next != NIL {
-                    self.blocks[right.next as usize].prev = s;
-                }
-                self.drop_block(nx);
+                self.absorb_next(s);
             }
             self.blocks[s as usize].links = Link {
                 prev: PENDING,
@@ -1256,18 +1263,7 @@ impl Pool {
         }
         for s in starts {
             self.blocks[s as usize].links = Link::UNLINKED;
-            let u = self.blocks[s as usize];
-            if u.prev == NIL && u.next == NIL {
-                self.drop_block(s);
-                if u.page == self.evacuating {
-                    self.evacuating = NIL;
-                }
-                self.pages_free(u.page, u.len >> self.gshift);
-            } else if !u.heap && self.eager {
-                let _ = self.split_out(s);
-            } else {
-                self.insert_free(s);
-            }
+            self.settle_free(s);
         }
     }
 
@@ -1760,6 +1756,30 @@ impl Pool {
         self.alloc_req(req, true)
     }
 
+    /// The counters placing a request may change (pages taken); a refused request puts them
+    /// back (not a clone of every counter: this is the hot path).
+    #[inline]
+    fn page_counts(&self) -> [u64; 4] {
+        let c = &self.counters;
+        [
+            c.reserved_bytes,
+            c.peak_reserved,
+            c.pages_taken,
+            c.pages_released,
+        ]
+    }
+
+    #[inline]
+    fn restore_page_counts(&mut self, saved: [u64; 4]) {
+        let c = &mut self.counters;
+        [
+            c.reserved_bytes,
+            c.peak_reserved,
+            c.pages_taken,
+            c.pages_released,
+        ] = saved;
+    }
+
     /// A request on `stream`: remembers whether requests have come on more than one stream.
     #[inline]
     fn note_stream(&mut self, stream: u64) {
@@ -1803,15 +1823,7 @@ impl Pool {
         {
             self.poll();
         }
-        // what placing may change before a backend refusal undoes it (not a clone of every
-        // counter: this is the hot path)
-        let c = &self.counters;
-        let saved = (
-            c.reserved_bytes,
-            c.peak_reserved,
-            c.pages_taken,
-            c.pages_released,
-        );
+        let saved = self.page_counts();
         let mark = self.journal.len();
         let a = self.new_slot();
         let layout = match self.place(units, a, false) {
@@ -1851,14 +1863,8 @@ impl Pool {
                 self.eager = eager;
                 self.vacant_allocs.push(a);
                 self.undo_to(mark);
-                let c = &mut self.counters;
-                (
-                    c.reserved_bytes,
-                    c.peak_reserved,
-                    c.pages_taken,
-                    c.pages_released,
-                ) = saved;
-                c.failures += 1;
+                self.restore_page_counts(saved);
+                self.counters.failures += 1;
                 return Err(e);
             }
         };
@@ -2329,13 +2335,7 @@ impl Pool {
         if !self.events.is_empty() {
             self.poll();
         }
-        let c = &self.counters;
-        let saved = (
-            c.reserved_bytes,
-            c.peak_reserved,
-            c.pages_taken,
-            c.pages_released,
-        );
+        let saved = self.page_counts();
         let mark = self.journal.len();
         let a0 = self.new_slot();
         // Not by growing while the pool holds enough free memory for the batch: the sizes
@@ -2356,13 +2356,7 @@ impl Pool {
                 }
                 self.vacant_allocs.push(a0);
                 self.undo_to(mark);
-                let c = &mut self.counters;
-                (
-                    c.reserved_bytes,
-                    c.peak_reserved,
-                    c.pages_taken,
-                    c.pages_released,
-                ) = saved;
+                self.restore_page_counts(saved);
                 return false;
             }
         };
@@ -2394,19 +2388,7 @@ impl Pool {
                 id
             };
             let ptr = self.direct_addr(page, off);
-            let x = &mut self.allocs[a as usize];
-            x.state = State::Live;
-            x.size = size;
-            x.units = units;
-            x.ptr = ptr;
-            x.stream = stream;
-            x.movable = false;
-            x.pins = 0;
-            x.scope = 0;
-            x.layout = Layout::Block(id);
-            if let Some(m) = &mut self.by_ptr {
-                m.insert(ptr, a);
-            }
+            self.batch_member(a, size, ptr, stream, Layout::Block(id));
             live += size;
             out.push(ptr);
             prev = id;
@@ -2416,13 +2398,36 @@ impl Pool {
         if whole.next != NIL {
             self.blocks[whole.next as usize].prev = prev;
         }
+        self.count_batch(sizes.len(), live, total * GRANULE);
+        true
+    }
+
+    /// Slot `a` becomes the live allocation of a batch at `ptr` (indexed by pointer).
+    #[inline]
+    fn batch_member(&mut self, a: u32, size: u64, ptr: u64, stream: u64, layout: Layout) {
+        let x = &mut self.allocs[a as usize];
+        x.state = State::Live;
+        x.size = size;
+        x.units = size.div_ceil(GRANULE);
+        x.ptr = ptr;
+        x.stream = stream;
+        x.movable = false;
+        x.pins = 0;
+        x.scope = 0;
+        x.layout = layout;
+        if let Some(m) = &mut self.by_ptr {
+            m.insert(ptr, a);
+        }
+    }
+
+    /// `n` allocations of a batch made at once: `live` bytes asked, `used` bytes held.
+    fn count_batch(&mut self, n: usize, live: u64, used: u64) {
         let c = &mut self.counters;
-        c.allocs += sizes.len() as u64;
+        c.allocs += n as u64;
         c.live_bytes += live;
-        c.used_bytes += total * GRANULE;
+        c.used_bytes += used;
         c.peak_live = c.peak_live.max(c.live_bytes);
         c.peak_used = c.peak_used.max(c.used_bytes);
-        true
     }
 
     /// The one placement of `batch_in_one_block`: as `place`, but a large batch takes a run of
@@ -2500,32 +2505,14 @@ impl Pool {
         let mut ptr = base;
         let mut live = 0;
         for &size in sizes {
-            let units = size.div_ceil(GRANULE);
             let a = self.new_slot();
-            let x = &mut self.allocs[a as usize];
-            x.state = State::Live;
-            x.size = size;
-            x.units = units;
-            x.ptr = ptr;
-            x.stream = stream;
-            x.movable = false;
-            x.pins = 0;
-            x.scope = 0;
-            x.layout = Layout::Member(g);
-            if let Some(m) = &mut self.by_ptr {
-                m.insert(ptr, a);
-            }
+            self.batch_member(a, size, ptr, stream, Layout::Member(g));
             live += size;
             out.push(ptr);
-            ptr += units * GRANULE;
+            ptr += size.div_ceil(GRANULE) * GRANULE;
         }
         // counted once for all: the members' sizes, and their rounded sizes (the group's)
-        let c = &mut self.counters;
-        c.allocs += sizes.len() as u64;
-        c.live_bytes += live;
-        c.used_bytes += bytes;
-        c.peak_live = c.peak_live.max(c.live_bytes);
-        c.peak_used = c.peak_used.max(c.used_bytes);
+        self.count_batch(sizes.len(), live, bytes);
         self.check();
         Ok(())
     }
