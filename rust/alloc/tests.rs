@@ -742,7 +742,10 @@ proptest! {
 }
 
 /// A churn loop for profilers (`valgrind --tool=callgrind <test binary> churn_for_profiler
-/// --ignored`): log-uniform sizes, 2048 live, half churning.
+/// --ignored`): log-uniform sizes, 2048 live, half churning. `CHURN=small|large`, `PAIRS=n`,
+/// `RESERVE=1`; prints the time a pair, live and reserved memory, and how many allocations
+/// needed the stitching window (`cargo test --release --no-default-features --lib
+/// churn_for_profiler -- --ignored --nocapture`).
 #[test]
 #[ignore]
 fn churn_for_profiler() {
@@ -752,23 +755,32 @@ fn churn_for_profiler() {
         Ok("large") => (20.0, 26.0),
         _ => (8.0, 26.0),
     };
-    let mut p = pool(80 << 30);
-    p.cfg.check = false;
+    // RESERVE=1: the pool takes the whole device up front (as the peers in benches/peers.rs)
+    let mut cfg = PoolConfig::new(2 * MIB);
+    if std::env::var("RESERVE").is_ok_and(|v| v == "1") {
+        cfg.initial_size = 80 << 30;
+    }
+    let mut p = Pool::new(device(80 << 30), cfg).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let size = move |rng: &mut rand::rngs::StdRng| 2f64.powf(rng.gen_range(lo..hi)) as u64;
     let mut live: Vec<AllocId> = (0..2048)
         .map(|_| p.alloc(req(size(&mut rng))).unwrap().0)
         .collect();
+    let n: u64 = std::env::var("PAIRS").map_or(200_000, |v| v.parse().unwrap());
+    let stitched = p.stats().stitched;
     let t = Instant::now();
-    let n = 200_000;
     for _ in 0..n {
         let k = rng.gen_range(0..1024);
         p.free(live[k]).unwrap();
         live[k] = p.alloc(req(size(&mut rng))).unwrap().0;
     }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    let s = p.stats();
     eprintln!(
-        "{:.1} ns per pair",
-        t.elapsed().as_nanos() as f64 / n as f64
+        "{ns:.1} ns per pair; live {} MiB, reserved {} MiB, windowed allocations {} in {n} pairs",
+        s.live_bytes >> 20,
+        s.reserved_bytes >> 20,
+        s.stitched - stitched,
     );
 }
 
