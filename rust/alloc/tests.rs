@@ -159,6 +159,13 @@ fn a_batch_in_one_block_is_cut_into_independent_allocations() {
     p.free_batch(&[ptrs[3], ptrs[0], ptrs[2]]).unwrap();
     let s = p.stats();
     assert_eq!((s.used_bytes, s.pages_heap, s.pages_free), (0, 0, 1));
+    // one placement, not one per size: two 600 KiB sizes would each go to a heap page; the
+    // batch of 1.2 MiB is one large request, cut in two
+    let mut two = vec![];
+    p.alloc_batch(&[600 * KIB, 600 * KIB], 0, &mut two).unwrap();
+    assert_eq!((p.stats().pages_heap, p.stats().pages_large), (0, 1));
+    assert_eq!(two[1] - two[0], 600 * KIB);
+    p.free_batch(&two).unwrap();
     // a batch that would be stitched is placed size by size instead
     let mut big = vec![];
     p.alloc_batch(&[3 * MIB, 3 * MIB], 0, &mut big).unwrap();
