@@ -444,22 +444,22 @@ impl Pool {
             Ok(())
         };
         let (l0, l1) = (BlockLinksRef(&self.blocks), &self.sec_links[..]);
-        binned(&self.heap_bins, &l0, Some(true))?;
-        binned(&self.large_bins, &l0, Some(false))?;
-        binned(&self.suffix_bins, &l1, Some(false))?;
-        binned(&self.prefix_bins, &l1, Some(false))?;
+        binned(&self.primary[HEAP], &l0, Some(true))?;
+        binned(&self.primary[LARGE], &l0, Some(false))?;
+        binned(&self.secondary[SUFFIX], &l1, Some(false))?;
+        binned(&self.secondary[PREFIX], &l1, Some(false))?;
         let evac = if self.evacuating == NIL { 0 } else { 1 };
-        if self.heap_bins.len() != nheap && evac == 0
-            || self.large_bins.len() != nlarge
-            || self.suffix_bins.len() != nsuffix
-            || self.prefix_bins.len() != nprefix
+        if self.primary[HEAP].len() != nheap && evac == 0
+            || self.primary[LARGE].len() != nlarge
+            || self.secondary[SUFFIX].len() != nsuffix
+            || self.secondary[PREFIX].len() != nprefix
         {
             return Err(format!(
                 "bins hold {}/{}/{}/{} free blocks, pages {nheap}/{nlarge}/{nsuffix}/{nprefix}",
-                self.heap_bins.len(),
-                self.large_bins.len(),
-                self.suffix_bins.len(),
-                self.prefix_bins.len()
+                self.primary[HEAP].len(),
+                self.primary[LARGE].len(),
+                self.secondary[SUFFIX].len(),
+                self.secondary[PREFIX].len()
             ));
         }
         if owned * ps != self.counters.reserved_bytes {

@@ -507,7 +507,7 @@ fn release_threshold_gives_pages_back() {
 #[test]
 fn latency_is_sampled() {
     let mut p = pool(8 * MIB);
-    for _ in 0..64 {
+    for _ in 0..256 {
         let (a, _) = p.alloc(req(1000)).unwrap();
         p.free(a).unwrap();
     }
