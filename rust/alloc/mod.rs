@@ -35,8 +35,8 @@
 //!   it); no page or segment is one free block (its pages are free instead).
 //! - A page is free iff it is in a free run; `Owned` pages not free belong to the runs of one
 //!   live or freeing allocation.
-//! - `by_ptr`, once built, maps the pointer of every live or freeing allocation, and nothing
-//!   else.
+//! - `by_ptr`, once built, maps the pointer of every live or freeing allocation that is not a
+//!   (valid) entry of a pending batch record (`batches`), and nothing else.
 
 #![deny(unsafe_code)]
 
@@ -457,6 +457,13 @@ pub struct Pool {
     /// used only through handles never pays for it: it was 170 of the 950 instructions of an
     /// alloc + free pair).
     by_ptr: Option<PtrMap>,
+    /// The members of recent batches (`alloc_batch` in one block, `alloc_arena`) as
+    /// (pointer, slot), in the order returned, not yet in `by_ptr`: a `free_batch` of the same
+    /// pointers frees them without touching the index (two hash probes a member were a
+    /// quarter of a batch pair); any other lookup by pointer moves them into `by_ptr` first
+    /// (`ptr_lookup`), and so does a member freed or moved by any other path (`unindex`), so
+    /// every entry names a live or freeing allocation that the index does not hold.
+    batches: Vec<Vec<(u64, u32)>>,
     streams: FxHashMap<u64, StreamState>,
     fence_stream: FxHashMap<u64, u64>,
     /// Backend fences (CUDA events) of pending frees, by pool fence.
@@ -573,6 +580,7 @@ impl Pool {
             stitches: Vec::new(),
             vacant_stitches: Vec::new(),
             by_ptr: None,
+            batches: Vec::new(),
             streams: FxHashMap::default(),
             fence_stream: FxHashMap::default(),
             events: FxHashMap::default(),
@@ -845,7 +853,13 @@ impl Pool {
         let primary = &mut self.primary[blk.heap as usize];
         bin_op(primary, &mut BlockLinks(&mut self.blocks), b, bin, INSERT);
         if sec != 0 {
-            bin_op(&mut self.secondary[sec], &mut self.sec_links[..], b, bin, INSERT);
+            bin_op(
+                &mut self.secondary[sec],
+                &mut self.sec_links[..],
+                b,
+                bin,
+                INSERT,
+            );
         }
     }
 
@@ -1180,16 +1194,14 @@ impl Pool {
         let mut top = NUM_BINS - 1;
         while self.free_pages.free_units() < want {
             // the next non-empty bin down (the bitmap skips the empty ones)
-            let Some(bin) = self
-                .primary[LARGE]
+            let Some(bin) = self.primary[LARGE]
                 .last_at_or_below(top)
                 .filter(|&b| b >= lowest)
             else {
                 break;
             };
             top = bin - 1; // bin >= lowest >= 1
-            let items: SmallVec<[u32; 16]> = self
-                .primary[LARGE]
+            let items: SmallVec<[u32; 16]> = self.primary[LARGE]
                 .iter(&BlockLinksRef(&self.blocks), bin)
                 .collect();
             for b in items {
@@ -1281,8 +1293,7 @@ impl Pool {
     #[inline]
     fn place_small(&mut self, units: u32, a: u32, relaxed: bool) -> Option<Layout> {
         if let Some(b) =
-            self.primary[HEAP]
-                .find_fit(&BlockLinksRef(&self.blocks), units, SCAN, self.block_len())
+            self.primary[HEAP].find_fit(&BlockLinksRef(&self.blocks), units, SCAN, self.block_len())
         {
             self.remove_free(b);
             return Some(Layout::Block(self.carve(b, 0, units, a)));
@@ -1343,8 +1354,7 @@ impl Pool {
         let mut tail = NIL;
         if t > 0 {
             if let Some(b) =
-                self.secondary[PREFIX]
-                    .find_fit(&self.sec_links[..], t, SCAN, self.block_len())
+                self.secondary[PREFIX].find_fit(&self.sec_links[..], t, SCAN, self.block_len())
             {
                 if self.blocks[b as usize].len - t <= self.slack_units {
                     tail = b;
@@ -1362,8 +1372,7 @@ impl Pool {
             let mut ok = false;
             if fresh_tail {
                 if let Some(b) =
-                    self.secondary[PREFIX]
-                        .find_fit(&self.sec_links[..], t, SCAN, self.block_len())
+                    self.secondary[PREFIX].find_fit(&self.sec_links[..], t, SCAN, self.block_len())
                 {
                     tail = b;
                     need -= 1;
@@ -1985,9 +1994,7 @@ impl Pool {
     /// The memory of slot `a` (live or freeing) goes back; the slot becomes vacant.
     #[inline]
     fn finish_free(&mut self, a: u32) {
-        if let Some(m) = &mut self.by_ptr {
-            m.remove(self.allocs[a as usize].ptr);
-        }
+        self.unindex(self.allocs[a as usize].ptr);
         self.release_slot(a);
     }
 
@@ -2060,7 +2067,7 @@ impl Pool {
 
     fn slot_of_ptr(&mut self, ptr: u64) -> Result<u32> {
         self.open()?;
-        self.ptr_index();
+        self.ptr_lookup();
         self.slot_of_indexed_ptr(ptr)
     }
 
@@ -2343,6 +2350,7 @@ impl Pool {
         let whole = self.blocks[b as usize];
         let (mut g, mut prev, mut live) = (self.start_of(&whole), whole.prev, 0);
         out.reserve(sizes.len());
+        self.open_batch_record(sizes.len());
         for (i, &size) in sizes.iter().enumerate() {
             let units = size.div_ceil(GRANULE);
             let a = if i == 0 { a0 } else { self.new_slot() };
@@ -2393,9 +2401,60 @@ impl Pool {
         x.pins = 0;
         x.scope = 0;
         x.layout = layout;
-        if let Some(m) = &mut self.by_ptr {
-            m.insert(ptr, a);
+        match self.batches.last_mut() {
+            Some(rec) => rec.push((ptr, a)),
+            None => unreachable!("a batch record is open"),
         }
+    }
+
+    /// Opens the record of the members of a batch being made (see `batches`).
+    fn open_batch_record(&mut self, n: usize) {
+        self.batches.push(Vec::with_capacity(n));
+    }
+
+    /// Whether the entry of a batch record names a live or freeing allocation (always, by the
+    /// invariant: checked by `validate`).
+    #[inline]
+    fn batch_entry_valid(&self, (ptr, a): (u64, u32)) -> bool {
+        let x = &self.allocs[a as usize];
+        x.ptr == ptr && matches!(x.state, State::Live | State::Freeing)
+    }
+
+    /// The pointer index with every pending batch member in it: for a lookup by pointer.
+    fn ptr_lookup(&mut self) {
+        self.ptr_index();
+        let index = self.by_ptr.as_mut().expect("built");
+        for (p, a) in std::mem::take(&mut self.batches).into_iter().flatten() {
+            index.insert(p, a);
+        }
+    }
+
+    /// The allocation at `ptr` leaves the pointer index (it is being freed or moved). One that
+    /// was not in it is a batch member waiting in its record: the records go into the index
+    /// first (so that no record ever names memory that went back by another path).
+    #[inline]
+    fn unindex(&mut self, ptr: u64) {
+        if let Some(m) = &mut self.by_ptr {
+            if m.remove(ptr).is_none() && !self.batches.is_empty() {
+                self.ptr_lookup();
+                self.by_ptr.as_mut().expect("built").remove(ptr);
+            }
+        }
+    }
+
+    /// The slots of `ptrs` when they are exactly the members of a pending batch record, in
+    /// its order, all live and unpinned; the record is then consumed. `None`, with nothing
+    /// changed, otherwise.
+    fn take_batch_record(&mut self, ptrs: &[u64]) -> Option<Vec<(u64, u32)>> {
+        let i = self.batches.iter().rposition(|r| {
+            r.len() == ptrs.len() && r.first().map(|e| e.0) == ptrs.first().copied()
+        })?;
+        let rec = &self.batches[i];
+        let ok = rec.iter().zip(ptrs).all(|(&(p, a), &q)| {
+            let x = &self.allocs[a as usize];
+            p == q && x.ptr == p && x.state == State::Live && x.pins == 0
+        });
+        ok.then(|| self.batches.swap_remove(i))
     }
 
     /// `n` allocations of a batch made at once: `live` bytes asked, `used` bytes held.
@@ -2480,6 +2539,7 @@ impl Pool {
         x.state = State::Group;
         x.members = sizes.len() as u32;
         out.reserve(sizes.len());
+        self.open_batch_record(sizes.len());
         let mut ptr = base;
         let mut live = 0;
         for &size in sizes {
@@ -2499,7 +2559,11 @@ impl Pool {
     /// named once).
     pub fn free_batch(&mut self, ptrs: &[u64]) -> Result<()> {
         self.open()?;
-        self.ptr_index();
+        if let Some(rec) = self.take_batch_record(ptrs) {
+            self.release_batch(rec.into_iter().map(|e| e.1));
+            return Ok(());
+        }
+        self.ptr_lookup();
         // Each pointer leaves the pointer index as it is checked (one probe serves the check
         // and the removal); a pointer named twice is then missing from it. On an error every
         // pointer taken out goes back, and nothing is freed.
@@ -2538,8 +2602,14 @@ impl Pool {
             }
             return result;
         }
-        let mut pending = Vec::with_capacity(taken.len());
-        for (_, a) in taken {
+        self.release_batch(taken.into_iter().map(|e| e.1));
+        Ok(())
+    }
+
+    /// Frees the slots of a checked `free_batch`, merging each run of freed neighbours once.
+    fn release_batch(&mut self, slots: impl ExactSizeIterator<Item = u32>) {
+        let mut pending = Vec::with_capacity(slots.len());
+        for a in slots {
             self.counters.live_bytes -= self.allocs[a as usize].size;
             self.counters.frees += 1;
             self.release_slot_into(a, Some(&mut pending));
@@ -2547,7 +2617,6 @@ impl Pool {
         self.merge_pending(&pending);
         self.after_free();
         self.check();
-        Ok(())
     }
 
     /// A view of the allocation is exported (buffer, DLPack): it may not be freed or moved
@@ -2738,8 +2807,8 @@ impl Pool {
                 let x = &mut self.allocs[a as usize];
                 x.ptr = new;
                 x.layout = Layout::Block(nb);
+                self.unindex(old);
                 if let Some(m) = &mut self.by_ptr {
-                    m.remove(old);
                     m.insert(new, a);
                 }
                 report.moved_allocs += 1;

@@ -470,6 +470,23 @@ impl Pool {
         }
         let (mut live, mut used, mut freeing, mut mapped) = (0u64, 0u64, 0u64, 0u64);
         let mut n = 0usize;
+        // batch members not yet in the pointer index: the valid entries of batch records that
+        // the index does not hold
+        let mut pending: FxHashMap<u64, u32> = FxHashMap::default();
+        if let Some(m) = &self.by_ptr {
+            for &(p, a) in self.batches.iter().flatten() {
+                if !self.batch_entry_valid((p, a)) || m.get(p).is_some() {
+                    return Err(format!(
+                        "batch record entry {p:#x} (slot {a}) is stale or indexed"
+                    ));
+                }
+                if pending.insert(p, a).is_some() {
+                    return Err(format!("{p:#x} is in two batch records"));
+                }
+            }
+        } else if !self.batches.is_empty() {
+            return Err("batch records without a pointer index".into());
+        }
         // groups (arena batches): units not held by an unfreed member count as used
         let mut group_left: FxHashMap<u32, (u64, u32)> = FxHashMap::default();
         for (a, x) in self.allocs.iter().enumerate() {
@@ -496,11 +513,9 @@ impl Pool {
                 left.0 -= x.units;
                 left.1 -= 1;
             }
-            if self
-                .by_ptr
-                .as_ref()
-                .is_some_and(|m| m.get(x.ptr) != Some(a as u32))
-            {
+            if self.by_ptr.as_ref().is_some_and(|m| {
+                m.get(x.ptr) != Some(a as u32) && pending.get(&x.ptr) != Some(&(a as u32))
+            }) {
                 return Err(format!(
                     "allocation {a} at {:#x} not found by pointer",
                     x.ptr
@@ -546,8 +561,12 @@ impl Pool {
             }
         }
         if let Some(m) = &self.by_ptr {
-            if n != m.len() || m.iter().count() != n {
-                return Err(format!("{} pointers mapped for {n} allocations", m.len()));
+            if n != m.len() + pending.len() || m.iter().count() != m.len() {
+                return Err(format!(
+                    "{} pointers mapped and {} pending for {n} allocations",
+                    m.len(),
+                    pending.len()
+                ));
             }
         }
         let cached: u64 = self

@@ -1,6 +1,6 @@
 #![allow(unsafe_code)] // the host-backend tests read and write the memory they allocate
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
 
@@ -170,6 +170,53 @@ fn a_batch_in_one_block_is_cut_into_independent_allocations() {
     let mut big = vec![];
     p.alloc_batch(&[3 * MIB, 3 * MIB], 0, &mut big).unwrap();
     p.free_batch(&big).unwrap();
+    p.validate().unwrap();
+}
+
+/// The members of a batch made in one step wait in its record, not in the pointer index; a
+/// `free_batch` of exactly those pointers, in order, is served from the record. Any other
+/// lookup by pointer indexes them first, with the same answers as ever: another order or a
+/// part is freed, a member freed by handle is refused in a later `free_batch` (nothing freed).
+#[test]
+fn batch_members_wait_in_a_record_for_their_free_batch() {
+    let mut p = pool(64 * MIB);
+    let sizes = [1000u64, 5000, 70_000, 3 * MIB];
+    let index_len = |p: &Pool| p.by_ptr.as_ref().map_or(0, |m| m.len());
+    for arena in [false, true] {
+        let mut out = vec![];
+        if arena {
+            p.alloc_arena(&sizes, 0, &mut out).unwrap();
+        } else {
+            p.alloc_batch(&sizes, 0, &mut out).unwrap();
+        }
+        assert_eq!((p.batches.len(), index_len(&p)), (1, 0));
+        p.validate().unwrap();
+        p.free_batch(&out).unwrap();
+        assert_eq!((p.batches.len(), p.stats().used_bytes), (0, 0));
+    }
+    // another order: indexed, then freed
+    let mut out = vec![];
+    p.alloc_batch(&sizes, 0, &mut out).unwrap();
+    let reversed: Vec<u64> = out.iter().rev().copied().collect();
+    p.free_batch(&reversed).unwrap();
+    assert_eq!(
+        (p.batches.len(), index_len(&p), p.stats().live_allocs),
+        (0, 0, 0)
+    );
+    // a member freed by handle: the whole batch is refused, nothing freed; the rest in parts
+    out.clear();
+    p.alloc_batch(&sizes, 0, &mut out).unwrap();
+    let member = p
+        .allocations()
+        .into_iter()
+        .find(|x| x.ptr == out[1])
+        .unwrap();
+    p.free(member.id).unwrap();
+    assert!(matches!(p.free_batch(&out), Err(Error::InvalidFree(_))));
+    assert_eq!((p.stats().live_allocs, index_len(&p)), (3, 3));
+    p.free_batch(&out[2..]).unwrap();
+    p.free_ptr(out[0]).unwrap();
+    assert_eq!(p.stats().used_bytes, 0);
     p.validate().unwrap();
 }
 
@@ -597,6 +644,8 @@ enum Op {
     Arena(Vec<u64>, u64),
     Batch(Vec<u64>),
     FreeBatch(usize, usize),
+    /// `free_batch` of the pointers of the latest batch still wholly live, in their order.
+    FreeLastBatch,
     Free(usize),
     FreePtr(usize),
     FreeAsync(usize, u64),
@@ -618,6 +667,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (proptest::collection::vec(size.clone(), 1..6), 0u64..3).prop_map(|(v, st)| Op::Arena(v, st)),
         1 => proptest::collection::vec(size, 1..6).prop_map(Op::Batch),
         1 => (any::<usize>(), 1usize..6).prop_map(|(i, n)| Op::FreeBatch(i, n)),
+        1 => Just(Op::FreeLastBatch),
         3 => any::<usize>().prop_map(Op::Free),
         1 => any::<usize>().prop_map(Op::FreePtr),
         2 => (any::<usize>(), 0u64..3).prop_map(|(i, s)| Op::FreeAsync(i, s)),
@@ -655,6 +705,13 @@ proptest! {
         let mut p = Pool::new(device(128 * MIB), cfg).unwrap();
         let mut live: Vec<AllocId> = vec![];
         let mut fences: Vec<u64> = vec![];
+        // the members of each batch made (found without a lookup by pointer, which would
+        // index them: `free_batch` of a whole batch is then served from its record)
+        let mut batches: Vec<Vec<AllocId>> = vec![];
+        let ids_of = |p: &Pool, out: &[u64]| -> Vec<AllocId> {
+            let by_ptr: HashMap<u64, AllocId> = p.allocations().iter().map(|x| (x.ptr, x.id)).collect();
+            out.iter().map(|ptr| by_ptr[ptr]).collect()
+        };
         for op in ops {
             // a refused request leaves the pool as it was (but for counting the failure),
             // unless it had movable allocations to compact on the way
@@ -673,7 +730,11 @@ proptest! {
                 Op::Batch(sizes) => {
                     let mut out = vec![];
                     match p.alloc_batch(&sizes, 0, &mut out) {
-                        Ok(()) => live.extend(out.iter().map(|&ptr| p.id_of(ptr).unwrap())),
+                        Ok(()) => {
+                            let ids = ids_of(&p, &out);
+                            live.extend(&ids);
+                            batches.push(ids);
+                        }
                         Err(Error::OutOfMemory(_)) => if fixed {
                             prop_assert!(out.is_empty());
                             prop_assert_eq!(&before, &(unchanging(&p), p.page_snapshot()));
@@ -684,7 +745,11 @@ proptest! {
                 Op::Arena(sizes, stream) => {
                     let mut out = vec![];
                     match p.alloc_arena(&sizes, stream, &mut out) {
-                        Ok(()) => live.extend(out.iter().map(|&ptr| p.id_of(ptr).unwrap())),
+                        Ok(()) => {
+                            let ids = ids_of(&p, &out);
+                            live.extend(&ids);
+                            batches.push(ids);
+                        }
                         Err(Error::OutOfMemory(_) | Error::InvalidSize(_)) => {
                             prop_assert!(out.is_empty())
                         }
@@ -701,6 +766,16 @@ proptest! {
                         .collect();
                     p.free_batch(&ptrs).unwrap();
                     live.drain(i..i + n);
+                }
+                Op::FreeLastBatch => {
+                    while let Some(ids) = batches.pop() {
+                        if ids.iter().all(|id| live.contains(id)) {
+                            let ptrs: Vec<u64> = ids.iter().map(|&id| p.info(id).unwrap().ptr).collect();
+                            p.free_batch(&ptrs).unwrap();
+                            live.retain(|id| !ids.contains(id));
+                            break;
+                        }
+                    }
                 }
                 Op::Free(i) if !live.is_empty() => {
                     let id = live.swap_remove(i % live.len());
