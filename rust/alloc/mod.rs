@@ -79,6 +79,9 @@ const WINDOW_CACHE: usize = 64;
 /// How many items of a request's own bin a good-fit search looks at.
 const SCAN: usize = 8;
 
+/// How many batch records (see `Pool::batches`) wait outside the pointer index at most.
+const BATCH_RECORDS: usize = 64;
+
 /// Indexes of `Pool::primary` and `Pool::secondary` (see there).
 const LARGE: usize = 0;
 const HEAP: usize = 1;
@@ -2407,8 +2410,13 @@ impl Pool {
         }
     }
 
-    /// Opens the record of the members of a batch being made (see `batches`).
+    /// Opens the record of the members of a batch being made (see `batches`). At most
+    /// `BATCH_RECORDS` are kept (older ones go into the index), so a `free_batch` looks at a
+    /// bounded number of them.
     fn open_batch_record(&mut self, n: usize) {
+        if self.batches.len() >= BATCH_RECORDS {
+            self.ptr_lookup();
+        }
         self.batches.push(Vec::with_capacity(n));
     }
 

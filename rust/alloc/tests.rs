@@ -217,6 +217,21 @@ fn batch_members_wait_in_a_record_for_their_free_batch() {
     p.free_batch(&out[2..]).unwrap();
     p.free_ptr(out[0]).unwrap();
     assert_eq!(p.stats().used_bytes, 0);
+    // at most BATCH_RECORDS records wait: older batches are indexed (and freed all the same)
+    let batches: Vec<Vec<u64>> = (0..BATCH_RECORDS + 3)
+        .map(|_| {
+            let mut out = vec![];
+            p.alloc_batch(&[256, 512], 0, &mut out).unwrap();
+            out
+        })
+        .collect();
+    assert!(p.batches.len() <= BATCH_RECORDS);
+    assert!(index_len(&p) >= 2 * (batches.len() - BATCH_RECORDS));
+    p.validate().unwrap();
+    for b in &batches {
+        p.free_batch(b).unwrap();
+    }
+    assert_eq!(p.stats().used_bytes, 0);
     p.validate().unwrap();
 }
 
