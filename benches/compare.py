@@ -28,7 +28,8 @@ VARIANTS = {"gpumm": "", "gpumm-80G": " (pool: 80 GiB up front)"}
 
 
 def criterion(quick: bool) -> Dict[Tuple[str, str], float]:
-    """Median ns of each (group, allocator) of benches/peers.rs."""
+    """Median ns per operation (a churn or fixed pair, one event of a trace) of each (group,
+    allocator) of benches/peers.rs."""
     extra = ["--warm-up-time", "1", "--measurement-time", "2"] if quick else []
     subprocess.run(["cargo", "bench", "--no-default-features", "--bench", "peers", "--", *extra],
                    cwd=ROOT, check=True, capture_output=True)
@@ -36,7 +37,10 @@ def criterion(quick: bool) -> Dict[Tuple[str, str], float]:
     base = ROOT / "target" / "criterion"
     for est in base.glob("peers-*/*/new/estimates.json"):
         group, name = est.parts[-4], est.parts[-3]
-        out[(group, name)] = json.loads(est.read_text())["median"]["point_estimate"]
+        # per operation: a trace iteration replays all its operations (the throughput)
+        meta = json.loads((est.parent / "benchmark.json").read_text())
+        ops = (meta.get("throughput") or {}).get("Elements", 1)
+        out[(group, name)] = json.loads(est.read_text())["median"]["point_estimate"] / ops
     return out
 
 
@@ -51,8 +55,9 @@ def fill() -> List[Tuple[str, float]]:
     return rows
 
 
-def python_peers(quick: bool) -> Dict[str, float]:
-    """Median ns per pair of benches/test_peers_bench.py, by allocator."""
+def python_peers(quick: bool) -> Dict[Tuple[str, str], float]:
+    """Median ns per operation of benches/test_peers_bench.py, by (group, allocator): a pair
+    (churn, fixed), one event (trace), a batch of 1024 pairs (batch)."""
     for pkg in ("TLSFAllocator", "virtual-allocator"):
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", pkg], capture_output=True)
     with tempfile.TemporaryDirectory() as d:
@@ -61,7 +66,9 @@ def python_peers(quick: bool) -> Dict[str, float]:
                         "--benchmark-enable", f"--benchmark-json={out}", "-p", "no:randomly"],
                        cwd=ROOT, check=True, capture_output=True)
         data = json.loads(out.read_text())
-    return {b["extra_info"]["allocator"]: b["stats"]["median"] * 1e9 for b in data["benchmarks"]}
+    return {(b["group"], b["extra_info"]["allocator"]):
+            b["stats"]["median"] * 1e9 / b["extra_info"].get("events", 1)
+            for b in data["benchmarks"]}
 
 
 def main() -> int:
@@ -73,23 +80,34 @@ def main() -> int:
     py = python_peers(args.quick)
     fills = fill()
     rows = []
-    for group in ("peers-churn", "peers-fixed-1KiB"):
+    groups = ["peers-churn", "peers-fixed-1KiB"] + sorted(
+        {g for g, _ in rust if g.startswith("peers-trace-")})
+    for group in groups:
         for variant, label in VARIANTS.items():
             g = rust.get((group, variant))
             for (grp, name), ns in sorted(rust.items()):
                 if grp == group and not name.startswith("gpumm") and g:
                     rows.append({"scenario": f"Rust {group[6:]}{label}", "peer": name,
                                  "gpumm_ns": g, "peer_ns": ns, "ratio": g / ns})
-    null = py.get("null", 0.0)
-    g = py.get("gpumm")
-    for name, ns in sorted(py.items()):
-        if name in ("gpumm", "null") or name.startswith("gpumm alloc_batch") or not g:
-            continue
-        rows.append({"scenario": "Python churn (net of the loop)", "peer": name,
-                     "gpumm_ns": g - null, "peer_ns": ns - null, "ratio": (g - null) / (ns - null)})
+    for group, label in (("peers churn", "churn"), ("peers fixed 64KiB", "fixed 64 KiB"),
+                         ("peers trace bert_train", "trace bert_train, per event")):
+        null = py.get((group, "null"), 0.0)
+        mine = {"gpumm": py.get((group, "gpumm"))}
+        if (group, "gpumm PMM chunk") in py:
+            mine["gpumm PMM chunk"] = py[(group, "gpumm PMM chunk")]
+        for who, g in mine.items():
+            for (grp, name), ns in sorted(py.items()):
+                if grp != group or name.startswith("gpumm") or name == "null" or not g:
+                    continue
+                rows.append({"scenario": f"Python {label} (net of the loop)"
+                             + ("" if who == "gpumm" else f", {who}"), "peer": name,
+                             "gpumm_ns": g - null, "peer_ns": ns - null,
+                             "ratio": (g - null) / (ns - null)})
+    g = py.get(("peers churn", "gpumm"))
+    null = py.get(("peers churn", "null"), 0.0)
     for label, key in (("alloc_batch", "gpumm alloc_batch (1024)"),
                        ("alloc_batch(arena=True)", "gpumm alloc_batch arena (1024)")):
-        batch = py.get(key)
+        batch = py.get(("peers batch", key))
         if batch and g:
             rows.append({"scenario": f"Python {label} vs single calls", "peer": "gpumm single",
                          "gpumm_ns": batch / 1024, "peer_ns": g - null,
@@ -102,12 +120,13 @@ def main() -> int:
                              "gpumm_ns": gp[gname], "peer_ns": pct, "ratio": gp[gname] / pct})
     if args.json:
         print(json.dumps({"rows": rows, "rust_ns": {f"{k[0]}/{k[1]}": v for k, v in rust.items()},
-                          "python_ns": py, "fill_percent": dict(fills)}, indent=2))
+                          "python_ns": {f"{k[0]}/{k[1]}": v for k, v in py.items()},
+                          "fill_percent": dict(fills)}, indent=2))
         return 0
-    print(f"{'scenario':50} {'peer':22} {'gpumm':>10} {'peer':>10} {'gpumm/peer':>10}")
+    print(f"{'scenario':62} {'peer':22} {'gpumm':>10} {'peer':>10} {'gpumm/peer':>10}")
     for r in rows:
         unit = "%" if "fill" in r["scenario"] else "ns"
-        print(f"{r['scenario']:50} {r['peer']:22} {r['gpumm_ns']:9.1f}{unit:1} "
+        print(f"{r['scenario']:62} {r['peer']:22} {r['gpumm_ns']:9.1f}{unit:1} "
               f"{r['peer_ns']:9.1f}{unit:1} {r['ratio']:10.3f}")
     return 0
 

@@ -6,8 +6,11 @@
 //!   anonymous mapping (MAP_NORESERVE; only block headers are ever touched).
 //!
 //! Streams: `churn` (2048 live allocations of log-uniform sizes 256 B – 64 MiB; each step frees
-//! a random one of the churning half and allocates a new size: one alloc + free pair) and
-//! `fixed` (a 1 KiB pair on a warm allocator). gpumm runs on an 80 GiB simulated device, as
+//! a random one of the churning half and allocates a new size: one alloc + free pair),
+//! `fixed` (a 1 KiB pair on a warm allocator), and `trace-<name>`: the events of each real
+//! RMM-log trace in `../shared/traces/` (training steps of gpt2, bert, resnet50), replayed
+//! whole and what is left live freed, one iteration a replay, timed per operation (every
+//! allocation and every free); skipped, with a note, where that folder is absent. gpumm runs on an 80 GiB simulated device, as
 //! the default pool (taking pages as it needs them) and as `gpumm-80G`, a pool that reserves
 //! the whole device up front, as the peers manage the whole 80 GiB from the start.
 //! `python benches/compare.py` prints the ratios.
@@ -15,6 +18,8 @@
 #![allow(unsafe_code)]
 
 use std::alloc::Layout;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -175,6 +180,90 @@ fn fixed<P: Peer>(c: &mut Criterion, name: &str, mut p: P) {
     g.finish();
 }
 
+/// One event of a trace: allocate `size` bytes as allocation `key`, or free allocation `key`.
+#[derive(Copy, Clone)]
+enum Ev {
+    Alloc(u32, u64),
+    Free(u32),
+}
+
+/// The events of an RMM log (`Thread,Time,Action,Pointer,Size,Stream`, gzipped), pointers
+/// renamed to dense keys (a pointer reused after its free is a new key); a free of a pointer
+/// the log never allocated is left out. Returns the events and the number of keys.
+fn read_rmm_log(path: &std::path::Path) -> (Vec<Ev>, usize) {
+    let file = std::fs::File::open(path).expect("a readable trace");
+    let lines = BufReader::new(flate2::read::GzDecoder::new(file)).lines();
+    let (mut events, mut keys, mut next) = (vec![], HashMap::new(), 0u32);
+    for line in lines.skip(1) {
+        let line = line.expect("a gzipped text trace");
+        let f: Vec<&str> = line.split(',').collect();
+        let ptr = u64::from_str_radix(f[3].trim_start_matches("0x"), 16).expect("a pointer");
+        match f[2] {
+            "allocate" => {
+                keys.insert(ptr, next);
+                events.push(Ev::Alloc(next, f[4].parse().expect("a size")));
+                next += 1;
+            }
+            "free" => {
+                if let Some(k) = keys.remove(&ptr) {
+                    events.push(Ev::Free(k));
+                }
+            }
+            _ => {}
+        }
+    }
+    (events, next as usize)
+}
+
+fn trace<P: Peer>(
+    c: &mut Criterion,
+    group: &str,
+    name: &str,
+    events: &[Ev],
+    keys: usize,
+    mut p: P,
+) {
+    let mut g = c.benchmark_group(group);
+    let allocs = events.iter().filter(|e| matches!(e, Ev::Alloc(..))).count();
+    g.throughput(Throughput::Elements(2 * allocs as u64));
+    let mut live: Vec<Option<P::H>> = vec![None; keys];
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            for &e in events {
+                match e {
+                    Ev::Alloc(k, size) => {
+                        live[k as usize] = Some(p.alloc(black_box(size)).expect("fits"))
+                    }
+                    Ev::Free(k) => p.free(live[k as usize].take().expect("live")),
+                }
+            }
+            for h in live.iter_mut().filter_map(Option::take) {
+                p.free(h);
+            }
+        })
+    });
+    g.finish();
+}
+
+/// The RMM-log traces in ../shared/traces, beside the project's folder.
+fn traces() -> Vec<(String, Vec<Ev>, usize)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    let mut out = vec![];
+    for name in ["gpt2_train", "bert_train", "resnet50_train"] {
+        let path = dir.join(format!("{name}.csv.gz"));
+        if !path.exists() {
+            eprintln!(
+                "{}: absent (a user's own clone): trace streams skipped",
+                path.display()
+            );
+            return vec![];
+        }
+        let (events, keys) = read_rmm_log(&path);
+        out.push((name.to_string(), events, keys));
+    }
+    out
+}
+
 fn benches(c: &mut Criterion) {
     churn(c, "gpumm", Gpumm::new());
     churn(c, "gpumm-80G", Gpumm::with_initial(80 * G));
@@ -191,6 +280,13 @@ fn benches(c: &mut Criterion) {
         Offset(offset_allocator::Allocator::new((80 * G / 256) as u32)),
     );
     fixed(c, "rlsf", Rlsf::new());
+    let offset = || Offset(offset_allocator::Allocator::new((80 * G / 256) as u32));
+    for (name, events, keys) in traces() {
+        let group = format!("peers-trace-{name}");
+        trace(c, &group, "gpumm", &events, keys, Gpumm::new());
+        trace(c, &group, "offset-allocator", &events, keys, offset());
+        trace(c, &group, "rlsf", &events, keys, Rlsf::new());
+    }
 }
 
 criterion_group!(peers, benches);

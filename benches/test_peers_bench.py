@@ -1,16 +1,25 @@
-"""gpumm against Python allocators people use, on the same churn stream (issue 7): PyPI's
+"""gpumm against Python allocators people use, on the same streams (issue 7): PyPI's
 ``tlsfallocator`` (OffsetAllocator, pybind11) and ``virtual-allocator`` (pure Python, best
 fit), a plain-Python best fit (a sorted free list with bisect) as a floor, and a null loop to
-subtract. Run with ``pytest benches/test_peers_bench.py --benchmark-enable``; ratios:
-``python benches/compare.py``. A peer that cannot be installed is skipped with the reason."""
+subtract. Streams: the mixed churn (log-uniform 256 B – 64 MiB, half the live set churning),
+a fixed 64 KiB pair on a warm allocator (also through gpumm's PMM: ``alloc_chunk`` /
+``free``, 64 KiB being one of its chunk sizes), and the events of a real trace
+(``../shared/traces/bert_train.csv.gz``, the largest, replayed whole). Run with
+``pytest benches/test_peers_bench.py --benchmark-enable``; ratios: ``python
+benches/compare.py``. A peer that cannot be installed is skipped with the reason."""
 
 import bisect
 import itertools
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import gpumm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from shared_traces import TRACES, needs_shared  # noqa: E402
 
 GiB = 1 << 30
 LIVE = 2048
@@ -149,6 +158,92 @@ def test_churn_null(benchmark):
     benchmark.group = "peers churn"
     benchmark.extra_info["allocator"] = "null"
     benchmark.pedantic(pair, rounds=ROUNDS, iterations=ITERATIONS, warmup_rounds=2)
+
+
+FIXED = 64 << 10
+
+
+@pytest.mark.parametrize("name", NAMES + ["gpumm PMM chunk"])
+def test_fixed(benchmark, name):
+    """One alloc + free pair of 64 KiB on a warm allocator (70 of that size live), through
+    each allocator, and through gpumm's PMM (a 64 KiB user chunk)."""
+    if name == "gpumm PMM chunk":
+        p = gpumm.Pmm(arch="hopper", vidmem=80 * GiB)
+        alloc, free, keep, arg = p.alloc_chunk, p.free, p, int
+    else:
+        alloc, free, keep, arg = make(name)
+    size = arg(FIXED)
+    _warm = [alloc(size) for _ in range(70)]
+
+    def pair():
+        free(alloc(size))
+
+    benchmark.group = "peers fixed 64KiB"
+    benchmark.extra_info["allocator"] = name
+    benchmark.pedantic(pair, rounds=20 if name == "virtual-allocator" else ROUNDS,
+                       iterations=ITERATIONS, warmup_rounds=2)
+    assert keep is not None
+
+
+def test_fixed_null(benchmark):
+    """The fixed pair's loop with two trivial calls."""
+    nop = len
+    live = [0]
+
+    def pair():
+        nop(live)
+        nop(live)
+
+    benchmark.group = "peers fixed 64KiB"
+    benchmark.extra_info["allocator"] = "null"
+    benchmark.pedantic(pair, rounds=ROUNDS, iterations=ITERATIONS, warmup_rounds=2)
+
+
+def trace_ops():
+    """The events of bert_train as (key, size) to allocate and (key, -1) to free, pointers
+    renamed to dense keys (a pointer reused after its free is a new key)."""
+    from gpumm.traces import read_trace
+
+    keys, ops, n = {}, [], 0
+    for e in read_trace(TRACES / "bert_train.csv.gz").events:
+        if e.action == "alloc":
+            keys[e.ptr] = n
+            ops.append((n, e.size))
+            n += 1
+        elif e.action == "free" and e.ptr in keys:
+            ops.append((keys.pop(e.ptr), -1))
+    return ops, n
+
+
+@needs_shared
+@pytest.mark.parametrize("name", NAMES + ["null"])
+def test_trace(benchmark, name):
+    """The events of a real training trace (bert_train: 21,168 allocations and frees),
+    replayed whole through each allocator, then what is left live freed; per event."""
+    ops, n = trace_ops()
+    if name == "null":
+        alloc, free, keep, arg = abs, abs, None, int
+    else:
+        alloc, free, keep, arg = make(name)
+    ops = [(k, arg(s) if s >= 0 else None) for k, s in ops]
+    live = [None] * n
+
+    def replay():
+        for k, s in ops:
+            if s is None:
+                free(live[k])
+                live[k] = None
+            else:
+                live[k] = alloc(s)
+        for k, h in enumerate(live):
+            if h is not None:
+                free(h)
+                live[k] = None
+
+    benchmark.group = "peers trace bert_train"
+    benchmark.extra_info["allocator"] = name
+    benchmark.extra_info["events"] = 2 * n
+    benchmark.pedantic(replay, rounds=1 if name == "virtual-allocator" else 20, warmup_rounds=1)
 
 
 @pytest.mark.parametrize("arena", [False, True], ids=["batch", "arena"])
