@@ -119,6 +119,17 @@ def make(name):
 NAMES = list(peers())
 
 
+def timed(benchmark, group, name, fn):
+    """Times ``fn`` as one allocator's row of ``group``: ITERATIONS calls a round (the
+    timer's own cost and jitter, which dwarfed a single pair, are shared out, the same for
+    every allocator and for the null loop); fewer rounds for the pure-Python best fit of
+    virtual-allocator, which is three orders of magnitude slower."""
+    benchmark.group = group
+    benchmark.extra_info["allocator"] = name
+    benchmark.pedantic(fn, rounds=20 if name == "virtual-allocator" else ROUNDS,
+                       iterations=ITERATIONS, warmup_rounds=2)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_churn(benchmark, name):
     """One alloc + free pair of the mixed churn (log-uniform 256 B – 64 MiB, half the live set
@@ -134,12 +145,7 @@ def test_churn(benchmark, name):
         free(live[slot])
         live[slot] = alloc(size)
 
-    benchmark.group = "peers churn"
-    benchmark.extra_info["allocator"] = name
-    # ITERATIONS pairs a round: the timer's own cost and jitter, which dwarfed a single
-    # pair, are shared out (the same for every allocator and for the null loop)
-    benchmark.pedantic(pair, rounds=20 if name == "virtual-allocator" else ROUNDS,
-                       iterations=ITERATIONS, warmup_rounds=2)
+    timed(benchmark, "peers churn", name, pair)
     assert keep is not None
 
 
@@ -155,9 +161,7 @@ def test_churn_null(benchmark):
         nop(live)
         live[slot] = nop(live) and size
 
-    benchmark.group = "peers churn"
-    benchmark.extra_info["allocator"] = "null"
-    benchmark.pedantic(pair, rounds=ROUNDS, iterations=ITERATIONS, warmup_rounds=2)
+    timed(benchmark, "peers churn", "null", pair)
 
 
 FIXED = 64 << 10
@@ -178,10 +182,7 @@ def test_fixed(benchmark, name):
     def pair():
         free(alloc(size))
 
-    benchmark.group = "peers fixed 64KiB"
-    benchmark.extra_info["allocator"] = name
-    benchmark.pedantic(pair, rounds=20 if name == "virtual-allocator" else ROUNDS,
-                       iterations=ITERATIONS, warmup_rounds=2)
+    timed(benchmark, "peers fixed 64KiB", name, pair)
     assert keep is not None
 
 
@@ -194,9 +195,7 @@ def test_fixed_null(benchmark):
         nop(live)
         nop(live)
 
-    benchmark.group = "peers fixed 64KiB"
-    benchmark.extra_info["allocator"] = "null"
-    benchmark.pedantic(pair, rounds=ROUNDS, iterations=ITERATIONS, warmup_rounds=2)
+    timed(benchmark, "peers fixed 64KiB", "null", pair)
 
 
 def trace_ops():
