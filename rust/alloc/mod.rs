@@ -259,6 +259,7 @@ struct Block {
 }
 
 const _: () = assert!(std::mem::size_of::<Block>() == 32);
+const _: () = assert!(std::mem::size_of::<Alloc>() == 64);
 
 impl Block {
     /// The allocation a used block belongs to.
@@ -365,13 +366,14 @@ enum Change {
     Grow { p: u32 },
 }
 
+/// One allocation slot: 64 bytes, one cache line (the rounded size is not stored: it is
+/// `units()`; with it the slot took two lines, and the free path's first load missed on both).
 #[derive(Clone, Debug)]
 #[repr(align(64))]
 struct Alloc {
     generation: u32,
     state: State,
     size: u64,
-    units: u64,
     ptr: u64,
     stream: u64,
     movable: bool,
@@ -382,6 +384,14 @@ struct Alloc {
     layout: Layout,
     /// A group: how many of its members are not yet freed.
     members: u32,
+}
+
+impl Alloc {
+    /// The size in granules (the size rounded up to `GRANULE`).
+    #[inline]
+    fn units(&self) -> u64 {
+        self.size.div_ceil(GRANULE)
+    }
 }
 
 #[derive(Default, Debug)]
@@ -488,6 +498,8 @@ pub struct Pool {
     /// stream needs no event (`free_when_done`).
     first_stream: Option<u64>,
     streams_mixed: bool,
+    /// The error of the request `alloc_inner` just refused (see there).
+    alloc_error: Option<Error>,
 }
 
 fn invalid_size(msg: String) -> Error {
@@ -598,6 +610,7 @@ impl Pool {
             quick_miss: false,
             first_stream: None,
             streams_mixed: false,
+            alloc_error: None,
             cfg,
             dev,
         };
@@ -1605,7 +1618,8 @@ impl Pool {
                 x.members -= 1;
                 if x.members == 0 {
                     // the last member: the group's memory goes back
-                    let (units, layout) = (x.units, std::mem::replace(&mut x.layout, Layout::None));
+                    let (units, layout) =
+                        (x.units(), std::mem::replace(&mut x.layout, Layout::None));
                     x.state = State::Vacant;
                     x.generation = x.generation.wrapping_add(1);
                     self.unplace(layout);
@@ -1651,7 +1665,6 @@ impl Pool {
                 generation: 0,
                 state: State::Vacant,
                 size: 0,
-                units: 0,
                 ptr: 0,
                 stream: 0,
                 movable: false,
@@ -1678,7 +1691,7 @@ impl Pool {
             id: self.id(a),
             ptr: x.ptr,
             size: x.size,
-            rounded: x.units * GRANULE,
+            rounded: x.units() * GRANULE,
             stream: x.stream,
             freeing: x.state == State::Freeing,
             movable: x.movable,
@@ -1789,18 +1802,28 @@ impl Pool {
         self.counters.calls += 1;
         let timed = self.counters.calls % LATENCY_SAMPLE == 0;
         let t0 = timed.then(Instant::now);
-        let r = self.alloc_inner(req, units, reuse);
+        let (id, ptr) = self.alloc_inner(req, units, reuse);
         if let Some(t0) = t0 {
             self.latency.record(t0.elapsed().as_nanos() as u64);
         }
         self.check();
-        r
+        if ptr == 0 {
+            return Err(self
+                .alloc_error
+                .take()
+                .expect("a refused request leaves its error"));
+        }
+        Ok((AllocId::from_bits(id), ptr))
     }
 
-    fn alloc_inner(&mut self, req: Request, units: u64, reuse: bool) -> Result<(AllocId, u64)> {
+    /// `alloc_req`'s work: (handle bits, pointer), or pointer 0 with the error left in
+    /// `alloc_error` (a 16-byte pair comes back in registers; the 32-byte `Result` came back
+    /// through memory and was copied with loads wider than its stores, a stall of about 4 ns
+    /// an allocation in perf).
+    fn alloc_inner(&mut self, req: Request, units: u64, reuse: bool) -> (u64, u64) {
         if reuse {
-            if let Some(r) = self.reuse(req, units) {
-                return Ok(r);
+            if let Some((id, ptr)) = self.reuse(req, units) {
+                return (id.to_bits(), ptr);
             }
         }
         // Memory freed on streams whose work has finished (CUDA events) comes back before the
@@ -1822,7 +1845,7 @@ impl Pool {
                 self.quick_miss = true;
                 self.vacant_allocs.push(a);
                 self.undo_to(mark);
-                return Err(Error::OutOfMemory(String::new()));
+                return self.refuse(Error::OutOfMemory(String::new()));
             }
             None => {
                 // The way to out of memory: compact what may move, then use anything. (Not
@@ -1837,7 +1860,8 @@ impl Pool {
                         self.vacant_allocs.push(a);
                         self.undo_to(mark);
                         self.counters.failures += 1;
-                        return Err(self.oom_error(req.size));
+                        let e = self.oom_error(req.size);
+                        return self.refuse(e);
                     }
                 }
             }
@@ -1855,7 +1879,7 @@ impl Pool {
                 self.undo_to(mark);
                 self.restore_page_counts(saved);
                 self.counters.failures += 1;
-                return Err(e);
+                return self.refuse(e);
             }
         };
         if !self.batching {
@@ -1864,7 +1888,6 @@ impl Pool {
         let x = &mut self.allocs[a as usize];
         x.state = State::Live;
         x.size = req.size;
-        x.units = units;
         x.ptr = ptr;
         x.stream = req.stream;
         x.movable = req.movable;
@@ -1881,7 +1904,15 @@ impl Pool {
                 v.push((a, g));
             }
         }
-        Ok((self.id(a), ptr))
+        debug_assert!(ptr != 0, "a pool address is never 0");
+        (self.id(a).to_bits(), ptr)
+    }
+
+    /// A refused request: its error waits in `alloc_error` for `alloc_req`.
+    #[cold]
+    fn refuse(&mut self, e: Error) -> (u64, u64) {
+        self.alloc_error = Some(e);
+        (0, 0)
     }
 
     /// `alloc` when it is quick: served from the pages the pool holds, without growing it or
@@ -2012,7 +2043,7 @@ impl Pool {
     #[inline]
     fn release_slot_into(&mut self, a: u32, pending: Option<&mut Vec<u32>>) {
         let x = &mut self.allocs[a as usize];
-        let (ptr, units, freeing) = (x.ptr, x.units, x.state == State::Freeing);
+        let (ptr, units, freeing) = (x.ptr, x.units(), x.state == State::Freeing);
         let layout = std::mem::replace(&mut x.layout, Layout::None);
         x.state = State::Vacant;
         x.generation = x.generation.wrapping_add(1);
@@ -2090,7 +2121,7 @@ impl Pool {
         let inside = self.allocs.iter().find(|x| {
             matches!(x.state, State::Live | State::Freeing)
                 && ptr > x.ptr
-                && ptr < x.ptr + x.units * GRANULE
+                && ptr < x.ptr + x.units() * GRANULE
         });
         Err(match inside {
             Some(x) => Error::InvalidFree(format!(
@@ -2115,7 +2146,7 @@ impl Pool {
         x.state = State::Freeing;
         x.stream = stream;
         x.fence = fence;
-        let (g, units, size) = (x.generation, x.units, x.size);
+        let (g, units, size) = (x.generation, x.units(), x.size);
         let st = self.streams.entry(stream).or_default();
         st.pending.push_back((fence, a, g));
         st.reuse.entry(units).or_default().push((a, g));
@@ -2397,7 +2428,6 @@ impl Pool {
         let x = &mut self.allocs[a as usize];
         x.state = State::Live;
         x.size = size;
-        x.units = size.div_ceil(GRANULE);
         x.ptr = ptr;
         x.stream = stream;
         x.movable = false;
@@ -2664,7 +2694,7 @@ impl Pool {
         self.open()?;
         let a = self.resolve(id)?;
         let x = &self.allocs[a as usize];
-        self.dev.backend.zero(x.ptr, x.units * GRANULE)
+        self.dev.backend.zero(x.ptr, x.units() * GRANULE)
     }
 
     /// The live allocations made in an open scope.

@@ -491,7 +491,7 @@ impl Pool {
         let mut group_left: FxHashMap<u32, (u64, u32)> = FxHashMap::default();
         for (a, x) in self.allocs.iter().enumerate() {
             if x.state == State::Group {
-                group_left.insert(a as u32, (x.units, x.members));
+                group_left.insert(a as u32, (x.units(), x.members));
             }
         }
         for (a, x) in self.allocs.iter().enumerate() {
@@ -504,13 +504,14 @@ impl Pool {
                 let Some(left) = group_left.get_mut(&g) else {
                     return Err(format!("member {a} of {g}, which is not a group"));
                 };
-                if x.ptr < grp.ptr || x.ptr + x.units * GRANULE > grp.ptr + grp.units * GRANULE {
+                if x.ptr < grp.ptr || x.ptr + x.units() * GRANULE > grp.ptr + grp.units() * GRANULE
+                {
                     return Err(format!("member {a} lies outside its group {g}"));
                 }
-                if left.0 < x.units || left.1 == 0 {
+                if left.0 < x.units() || left.1 == 0 {
                     return Err(format!("group {g} has more members than it counts"));
                 }
-                left.0 -= x.units;
+                left.0 -= x.units();
                 left.1 -= 1;
             }
             if self.by_ptr.as_ref().is_some_and(|m| {
@@ -521,22 +522,22 @@ impl Pool {
                     x.ptr
                 ));
             }
-            used += x.units * GRANULE;
+            used += x.units() * GRANULE;
             match x.state {
                 State::Live => live += x.size,
-                State::Freeing => freeing += x.units * GRANULE,
+                State::Freeing => freeing += x.units() * GRANULE,
                 State::Vacant | State::Group => {}
             }
             let held = match x.layout {
-                Layout::Member(_) => x.units,
+                Layout::Member(_) => x.units(),
                 l => self
                     .held_granules(l, &mut mapped)
                     .ok_or_else(|| format!("allocation {a} has no memory"))?,
             };
-            if held != x.units {
+            if held != x.units() {
                 return Err(format!(
                     "allocation {a} holds {held} granules of {}",
-                    x.units
+                    x.units()
                 ));
             }
         }
@@ -556,8 +557,8 @@ impl Pool {
                 l => self.held_granules(l, &mut mapped),
             }
             .ok_or_else(|| format!("group {a} has no memory"))?;
-            if held != x.units {
-                return Err(format!("group {a} holds {held} granules of {}", x.units));
+            if held != x.units() {
+                return Err(format!("group {a} holds {held} granules of {}", x.units()));
             }
         }
         if let Some(m) = &self.by_ptr {
