@@ -1918,6 +1918,7 @@ impl Pool {
     /// `alloc` when it is quick: served from the pages the pool holds, without growing it or
     /// compacting. `None` when it is not (nothing changed; call `alloc`). The bindings run
     /// this under the GIL, since releasing and taking back the GIL costs more than the call.
+    #[inline]
     pub fn try_alloc_quick(&mut self, req: Request) -> Option<Result<(AllocId, u64)>> {
         self.quick = true;
         self.quick_miss = false;

@@ -366,7 +366,7 @@ impl PyPool {
         stream: u64,
         movable: bool,
         tag: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<PyAllocation> {
+    ) -> PyResult<Py<PyAllocation>> {
         let py = slf.py();
         let this = slf.get();
         let size = size_arg(py, nbytes, "nbytes")?;
@@ -376,7 +376,9 @@ impl PyPool {
             movable,
             scope: current_scope(this.id),
         };
-        let made = |id, ptr| -> PyResult<PyAllocation> {
+        // (the object is made here and a pointer returned: returning the struct by value
+        // copied it through memory twice, with loads wider than its stores)
+        let made = |id, ptr| -> PyResult<Py<PyAllocation>> {
             let a = PyAllocation {
                 pool: this.inner.clone(),
                 pool_id: this.id,
@@ -391,9 +393,9 @@ impl PyPool {
             if this.tracking.load(Ordering::Relaxed) {
                 let obj = Py::new(py, a)?;
                 slf.call_method1("_on_alloc", (obj.clone_ref(py), tag))?;
-                return Ok(obj.borrow(py).clone_handle());
+                return Py::new(py, obj.borrow(py).clone_handle());
             }
-            Ok(a)
+            Py::new(py, a)
         };
         // Quick path under the GIL: an uncontended lock and a request the held pages serve.
         let quick = this
