@@ -199,6 +199,28 @@ def test_alloc_batch(pool):
     assert list(pool.alloc_batch([10, 20])) and pool.stats()["live_allocs"] == 2
 
 
+def test_batches_freed_every_way(pool):
+    """Batches in flight together, freed whole (from the batch's record), in another order,
+    one member first by pointer, or by a pointer that is not theirs: each gives the answer a
+    pool without records gives, and the pool stays valid."""
+    sizes = np.array([1000, 5000, 70_000, 3 * MiB], dtype=np.int64)
+    a, b, c, d = (pool.alloc_batch(sizes) for _ in range(4))
+    pool.free_batch(b)  # whole, though not the latest
+    pool.free_batch(d[::-1].copy())  # another order
+    pool.free(int(a[2]))  # a member alone, by pointer
+    with pytest.raises(gpumm.InvalidFreeError):
+        pool.free_batch(a)  # a[2] went already: all or none
+    with pytest.raises(gpumm.InvalidFreeError):
+        pool.free_batch(np.append(c, c[0] + 256).astype(np.uint64))  # an interior pointer
+    assert pool.stats()["live_allocs"] == 3 + 4
+    pool.validate()
+    pool.free_batch(a[[0, 1, 3]])
+    pool.free_batch(c)
+    s = pool.stats()
+    assert s["live_allocs"] == 0 and s["used_bytes"] == 0
+    pool.validate()
+
+
 def test_alloc_batch_arena(pool):
     sizes = np.array([100, 2 * MiB, 3 * MiB + 5, 1], dtype=np.int64)
     ptrs = pool.alloc_batch(sizes, arena=True)
