@@ -3,20 +3,17 @@
 //! report the bytes in use at the first failure (higher is better), for gpumm and its peers,
 //! on the same random stream. Run: `cargo bench --no-default-features --bench fill`.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+#[path = "common/mod.rs"]
+mod common;
 
-use parking_lot::Mutex;
+use std::collections::BTreeMap;
+
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use _core::alloc::{Device, Pool, PoolConfig, Request};
-use _core::backend::Simulated;
-use _core::pmm::{Pmm, PmmConfig, SizeMask};
+use _core::alloc::{Pool, Request};
 use _core::replay::{model_by_name, CachingOptions};
+use common::{G, K, M};
 
-const K: u64 = 1024;
-const M: u64 = 1024 * K;
-const G: u64 = 1024 * M;
 const CAP: u64 = 80 * G;
 
 trait Filler {
@@ -147,17 +144,7 @@ fn fill(f: &mut dyn Filler, seed: u64) -> (f64, u64) {
 }
 
 fn gpumm(page: u64) -> Gpumm {
-    let mut c = PmmConfig::new(
-        CAP,
-        SizeMask::from_sizes(&[4 * K, 64 * K, 2 * M]).unwrap(),
-        SizeMask::from_sizes(&[256, 4 * K, 64 * K, 2 * M]).unwrap(),
-    );
-    c.check = false;
-    let dev = Arc::new(Device {
-        pmm: Arc::new(Mutex::new(Pmm::new(c).unwrap())),
-        backend: Arc::new(Simulated::new(CAP, page).unwrap()),
-    });
-    Gpumm(Pool::new(dev, PoolConfig::new(page)).unwrap(), vec![])
+    Gpumm(common::pool(CAP, page, 0), vec![])
 }
 
 fn main() {

@@ -17,25 +17,20 @@
 
 #![allow(unsafe_code)]
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use parking_lot::Mutex;
-use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::hint::black_box;
 
-use _core::alloc::{AllocId, Device, Pool, PoolConfig, Request};
-use _core::backend::Simulated;
-use _core::pmm::{Pmm, PmmConfig, SizeMask};
-
-const K: u64 = 1024;
-const M: u64 = 1024 * K;
-const G: u64 = 1024 * M;
+use _core::alloc::{AllocId, Pool, Request};
+use common::{churn_stream, G, M};
 
 trait Peer {
     type H: Copy;
@@ -51,19 +46,7 @@ impl Gpumm {
     }
     /// A pool that reserves `initial` bytes when it is made.
     fn with_initial(initial: u64) -> Self {
-        let mut c = PmmConfig::new(
-            80 * G,
-            SizeMask::from_sizes(&[4 * K, 64 * K, 2 * M]).unwrap(),
-            SizeMask::from_sizes(&[256, 4 * K, 64 * K, 2 * M]).unwrap(),
-        );
-        c.check = false;
-        let dev = Arc::new(Device {
-            pmm: Arc::new(Mutex::new(Pmm::new(c).unwrap())),
-            backend: Arc::new(Simulated::new(80 * G, 2 * M).unwrap()),
-        });
-        let mut cfg = PoolConfig::new(2 * M);
-        cfg.initial_size = initial;
-        Gpumm(Pool::new(dev, cfg).unwrap())
+        Gpumm(common::pool(80 * G, 2 * M, initial))
     }
 }
 
@@ -136,24 +119,15 @@ impl Peer for Rlsf {
     }
 }
 
-fn log_uniform(n: usize, seed: u64) -> Vec<u64> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| 2f64.powf(rng.gen_range(8.0..26.0)) as u64)
-        .collect()
-}
-
 fn churn<P: Peer>(c: &mut Criterion, name: &str, mut p: P) {
     let mut g = c.benchmark_group("peers-churn");
     g.throughput(Throughput::Elements(1));
     let live_n = 2048;
-    let mut live: Vec<P::H> = log_uniform(live_n, 1)
+    let (first, sizes, slots) = churn_stream(live_n, 8.0, 26.0);
+    let mut live: Vec<P::H> = first
         .into_iter()
         .map(|s| p.alloc(s).expect("the live set fits"))
         .collect();
-    let sizes = log_uniform(1 << 16, 2);
-    let mut rng = StdRng::seed_from_u64(3);
-    let slots: Vec<usize> = (0..1 << 16).map(|_| rng.gen_range(0..live_n / 2)).collect();
     let mut i = 0usize;
     g.bench_function(name, |b| {
         b.iter(|| {

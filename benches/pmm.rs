@@ -7,21 +7,11 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use std::hint::black_box;
 
-use _core::pmm::{ChunkType, Pmm, PmmConfig, SizeMask};
+#[path = "common/mod.rs"]
+mod common;
 
-const K: u64 = 1024;
-const M: u64 = 1024 * K;
-const G: u64 = 1024 * M;
-
-fn hopper(vidmem: u64) -> Pmm {
-    let mut c = PmmConfig::new(
-        vidmem,
-        SizeMask::from_sizes(&[4 * K, 64 * K, 2 * M]).unwrap(),
-        SizeMask::from_sizes(&[256, 4 * K, 64 * K, 2 * M]).unwrap(),
-    );
-    c.check = false;
-    Pmm::new(c).unwrap()
-}
+use _core::pmm::ChunkType;
+use common::{hopper, G, K};
 
 fn pairs(c: &mut Criterion) {
     let mut g = c.benchmark_group("pair");

@@ -7,45 +7,22 @@
 //! - `batch/mixed`: 1024 mixed sizes through `alloc_batch` then `free_batch`; reported per pair.
 //! - `batch/arena`: the same through `alloc_arena` (one placement for the 1024) and `free_batch`.
 
-use std::sync::Arc;
+#[path = "common/mod.rs"]
+mod common;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use parking_lot::Mutex;
-use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::hint::black_box;
 
-use _core::alloc::{AllocId, Device, Pool, PoolConfig, Request};
-use _core::backend::Simulated;
-use _core::pmm::{Pmm, PmmConfig, SizeMask};
-
-const K: u64 = 1024;
-const M: u64 = 1024 * K;
-const G: u64 = 1024 * M;
+use _core::alloc::{AllocId, Pool, Request};
+use common::{churn_stream, log_uniform, G, K, M};
 
 fn pool(vidmem: u64) -> Pool {
-    let mut c = PmmConfig::new(
-        vidmem,
-        SizeMask::from_sizes(&[4 * K, 64 * K, 2 * M]).unwrap(),
-        SizeMask::from_sizes(&[256, 4 * K, 64 * K, 2 * M]).unwrap(),
-    );
-    c.check = false;
-    let dev = Arc::new(Device {
-        pmm: Arc::new(Mutex::new(Pmm::new(c).unwrap())),
-        backend: Arc::new(Simulated::new(vidmem, 2 * M).unwrap()),
-    });
-    Pool::new(dev, PoolConfig::new(2 * M)).unwrap()
+    common::pool(vidmem, 2 * M, 0)
 }
 
 /// Log-uniform sizes from 256 B to 64 MiB.
 pub fn mixed_sizes(n: usize, seed: u64) -> Vec<u64> {
     log_uniform(n, seed, 8.0, 26.0)
-}
-
-fn log_uniform(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<u64> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| 2f64.powf(rng.gen_range(lo..hi)) as u64)
-        .collect()
 }
 
 fn req(size: u64) -> Request {
@@ -68,13 +45,11 @@ fn churn(c: &mut Criterion) {
         let live_n = std::env::var("LIVE")
             .map(|v| v.parse().unwrap())
             .unwrap_or(2048);
-        let mut live: Vec<AllocId> = log_uniform(live_n, 1, lo, hi)
+        let (first, sizes, slots) = churn_stream(live_n, lo, hi);
+        let mut live: Vec<AllocId> = first
             .into_iter()
             .map(|s| p.alloc(req(s)).unwrap().0)
             .collect();
-        let sizes = log_uniform(1 << 16, 2, lo, hi);
-        let mut rng = StdRng::seed_from_u64(3);
-        let slots: Vec<usize> = (0..1 << 16).map(|_| rng.gen_range(0..live_n / 2)).collect();
         let mut i = 0usize;
         g.bench_function(name, |b| {
             b.iter(|| {

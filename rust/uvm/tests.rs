@@ -18,6 +18,16 @@ fn gpu(range: u32, pattern: Pattern) -> Kernel {
     }
 }
 
+/// A kernel on `processor` streaming through `range`, writing or only reading.
+fn stream(processor: Processor, range: u32, write: bool) -> Kernel {
+    Kernel {
+        processor,
+        range,
+        pattern: Pattern::Streaming,
+        write,
+    }
+}
+
 #[test]
 fn first_touch_on_gpu_copies_nothing() {
     let mut u = uvm(64 * MIB);
@@ -40,13 +50,7 @@ fn prefetch_cuts_streaming_faults() {
         cfg.prefetch = prefetch;
         let mut u = Uvm::new(cfg).unwrap();
         let r = u.alloc_managed(256 * MIB).unwrap();
-        u.run_kernel(&Kernel {
-            processor: Processor::Cpu,
-            range: r,
-            pattern: Pattern::Streaming,
-            write: true,
-        })
-        .unwrap();
+        u.run_kernel(&stream(Processor::Cpu, r, true)).unwrap();
         let s = u.run_kernel(&gpu(r, Pattern::Streaming)).unwrap();
         u.validate().unwrap();
         assert_eq!(s.bytes_h2d, 256 * MIB);
@@ -134,32 +138,13 @@ fn read_mostly_duplicates() {
     let mut u = uvm(64 * MIB);
     let r = u.alloc_managed(4 * MIB).unwrap();
     u.advise(r, Advice::ReadMostly).unwrap();
-    u.run_kernel(&Kernel {
-        processor: Processor::Cpu,
-        range: r,
-        pattern: Pattern::Streaming,
-        write: true,
-    })
-    .unwrap();
+    u.run_kernel(&stream(Processor::Cpu, r, true)).unwrap();
     u.run_kernel(&gpu(r, Pattern::Streaming)).unwrap();
     assert_eq!(u.resident(), (4 * MIB, 4 * MIB));
-    let s = u
-        .run_kernel(&Kernel {
-            processor: Processor::Cpu,
-            range: r,
-            pattern: Pattern::Streaming,
-            write: false,
-        })
-        .unwrap();
+    let s = u.run_kernel(&stream(Processor::Cpu, r, false)).unwrap();
     assert_eq!((s.cpu_faults, s.bytes_d2h), (0, 0));
     // a GPU write collapses the copies
-    u.run_kernel(&Kernel {
-        processor: Processor::Gpu,
-        range: r,
-        pattern: Pattern::Streaming,
-        write: true,
-    })
-    .unwrap();
+    u.run_kernel(&stream(Processor::Gpu, r, true)).unwrap();
     assert_eq!(u.resident(), (4 * MIB, 0));
     u.validate().unwrap();
 }
