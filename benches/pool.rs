@@ -4,6 +4,9 @@
 //!   from 256 B to 64 MiB; each iteration frees one allocation of the churning half (chosen at
 //!   random) and allocates a new random size in its place: one alloc + free pair.
 //! - `pair/1KiB`, `pair/3MiB`: a fixed-size pair on a warm pool.
+//! - `pair/stitched-5.5MiB`: a pair that is always stitched: a 256 MiB pool whose free pages
+//!   are every other one, so 5.5 MiB takes two scattered free pages and a fresh tail page
+//!   (mapped through the window; the tail's page is shared with later requests).
 //! - `batch/mixed`: 1024 mixed sizes through `alloc_batch` then `free_batch`; reported per pair.
 //! - `batch/arena`: the same through `alloc_arena` (one placement for the 1024) and `free_batch`.
 
@@ -80,6 +83,19 @@ fn pairs(c: &mut Criterion) {
             })
         });
     }
+    let mut p = pool(256 * M);
+    let every: Vec<_> = (0..128).map(|_| p.alloc(req(2 * M)).unwrap().0).collect();
+    for id in every.iter().step_by(2) {
+        p.free(*id).unwrap();
+    }
+    let stitched = p.stats().stitched;
+    g.bench_function("stitched-5.5MiB", |b| {
+        b.iter(|| {
+            let (id, _) = p.alloc(req(black_box(5 * M + M / 2))).unwrap();
+            p.free(id).unwrap();
+        })
+    });
+    assert!(p.stats().stitched > stitched, "the pair was stitched");
     g.finish();
 }
 
