@@ -35,8 +35,9 @@
 //!   it); no page or segment is one free block (its pages are free instead).
 //! - A page is free iff it is in a free run; `Owned` pages not free belong to the runs of one
 //!   live or freeing allocation.
-//! - `by_ptr`, once built, maps the pointer of every live or freeing allocation that is not a
-//!   (valid) entry of a pending batch record (`batches`), and nothing else.
+//! - `by_ptr`, once built, maps the pointer of every live or freeing allocation that is not
+//!   in a pending batch record (`batches`), and nothing else; every record entry names a live
+//!   or freeing allocation.
 
 #![deny(unsafe_code)]
 
@@ -457,9 +458,10 @@ pub struct Pool {
     /// The secondary bin links of each block (see [`Block`]).
     sec_links: Vec<Link>,
     vacant_blocks: Vec<u32>,
-    /// Primary bins of free blocks, by `Block::heap` (`LARGE`, `HEAP`); secondary bins of free
-    /// large blocks at a segment's end (`SUFFIX`) or start (`PREFIX`); arrays, so that a block
-    /// finds its bins by index rather than by branches (`rebin` is the hottest code).
+    /// Primary bins of free blocks, indexed by `Block::heap` (`LARGE`, `HEAP`); secondary bins
+    /// of free large blocks at a segment's end (`SUFFIX`) or start (`PREFIX`; index 0 unused).
+    /// (Choosing the secondary index without branches as well measured slower: see
+    /// benches/RESULTS.md.)
     primary: [Bins; 2],
     secondary: [Bins; 3],
     allocs: Vec<Alloc>,
