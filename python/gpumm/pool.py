@@ -367,7 +367,9 @@ class MemoryPool(_core.Pool):
     def alloc_batch(self, sizes: Any, stream: int = 0, *, arena: bool = False) -> Any:
         """Allocates every size in ``sizes`` (a numpy int64/uint64 array or a list) in one call
         and one lock: all or none. Returns the pointers as a numpy uint64 array; free them with
-        :meth:`free_batch` (or one by one with :meth:`free`). Each is an allocation of its own;
+        :meth:`free_batch` (or one by one with :meth:`free`): the whole array, as returned, is
+        the fastest (the batch remembers its members; any other set is looked up pointer by
+        pointer). Each is an allocation of its own;
         when the whole batch fits in one free range of the pool it is placed there, back to
         back, in one step (several times cheaper than a call per size).
 
