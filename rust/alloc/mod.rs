@@ -1873,13 +1873,7 @@ impl Pool {
             Err(e) => {
                 // The backend refused the mapping: undo the placement, give back any page
                 // taken for it, and leave the counters as they were (one failure counted).
-                // (Merging back exactly as it was split: no eager page release in between.)
-                let eager = std::mem::replace(&mut self.eager, false);
-                self.unplace(layout);
-                self.eager = eager;
-                self.vacant_allocs.push(a);
-                self.undo_to(mark);
-                self.restore_page_counts(saved);
+                self.abandon(Some(layout), a, mark, saved);
                 self.counters.failures += 1;
                 return self.refuse(e);
             }
@@ -1908,6 +1902,29 @@ impl Pool {
         }
         debug_assert!(ptr != 0, "a pool address is never 0");
         (self.id(a).to_bits(), ptr)
+    }
+
+    /// Undoes a placement for slot `a` that will not be kept: its memory goes back (merged
+    /// exactly as it was split: no eager page release in between), the slot is vacant again,
+    /// the page changes after `mark` are undone and the page counters are as `saved`.
+    fn abandon(&mut self, layout: Option<Layout>, a: u32, mark: usize, saved: [u64; 4]) {
+        if let Some(layout) = layout {
+            let eager = std::mem::replace(&mut self.eager, false);
+            self.unplace(layout);
+            self.eager = eager;
+        }
+        self.vacant_allocs.push(a);
+        self.undo_to(mark);
+        self.restore_page_counts(saved);
+    }
+
+    /// Pages of the stitching window held in `window_cache` (free, not in `window`).
+    fn window_cached_pages(&self) -> u64 {
+        self.window_cache
+            .iter()
+            .enumerate()
+            .map(|(n, v)| n as u64 * v.len() as u64)
+            .sum()
     }
 
     /// A refused request: its error waits in `alloc_error` for `alloc_req`.
@@ -2371,14 +2388,7 @@ impl Pool {
         let b = match placed {
             Some(Layout::Block(b)) => b,
             placed => {
-                if let Some(layout) = placed {
-                    let eager = std::mem::replace(&mut self.eager, false);
-                    self.unplace(layout);
-                    self.eager = eager;
-                }
-                self.vacant_allocs.push(a0);
-                self.undo_to(mark);
-                self.restore_page_counts(saved);
+                self.abandon(placed, a0, mark, saved);
                 return false;
             }
         };

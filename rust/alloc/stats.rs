@@ -570,12 +570,7 @@ impl Pool {
                 ));
             }
         }
-        let cached: u64 = self
-            .window_cache
-            .iter()
-            .enumerate()
-            .map(|(n, v)| n as u64 * v.len() as u64)
-            .sum();
+        let cached = self.window_cached_pages();
         let window_used = self.window.capacity() as u64 - self.window.free_units() - cached;
         if mapped != window_used {
             return Err(format!("{mapped} window pages owned, {window_used} used"));

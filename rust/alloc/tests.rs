@@ -275,12 +275,7 @@ fn stitching_uses_scattered_pages() {
     assert!(p.alloc(req(1)).is_err());
     p.free(big).unwrap();
     // the window range is cached for the next stitched allocation of its length
-    let cached: u64 = p
-        .window_cache
-        .iter()
-        .enumerate()
-        .map(|(n, v)| n as u64 * v.len() as u64)
-        .sum();
+    let cached = p.window_cached_pages();
     assert_eq!(p.window.free_units() + cached, p.window.capacity() as u64);
     p.window_flush();
     assert_eq!(p.window.free_units(), p.window.capacity() as u64);
