@@ -29,41 +29,12 @@ use std::ptr::NonNull;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 
-use _core::alloc::{AllocId, Pool, Request};
-use common::{churn_stream, G, M};
+use _core::alloc::Pool;
+use common::{Peer, G, M};
 
-trait Peer {
-    type H: Copy;
-    fn alloc(&mut self, size: u64) -> Option<Self::H>;
-    fn free(&mut self, h: Self::H);
-}
-
-struct Gpumm(Pool);
-
-impl Gpumm {
-    fn new() -> Self {
-        Self::with_initial(0)
-    }
-    /// A pool that reserves `initial` bytes when it is made.
-    fn with_initial(initial: u64) -> Self {
-        Gpumm(common::pool(80 * G, 2 * M, initial))
-    }
-}
-
-impl Peer for Gpumm {
-    type H = AllocId;
-    fn alloc(&mut self, size: u64) -> Option<AllocId> {
-        self.0
-            .alloc(Request {
-                size,
-                ..Request::default()
-            })
-            .ok()
-            .map(|r| r.0)
-    }
-    fn free(&mut self, h: AllocId) {
-        self.0.free(h).unwrap();
-    }
+/// gpumm's pool on an 80 GiB simulated device, reserving `initial` bytes when made.
+fn gpumm(initial: u64) -> Pool {
+    common::pool(80 * G, 2 * M, initial)
 }
 
 struct Offset(offset_allocator::Allocator);
@@ -122,22 +93,7 @@ impl Peer for Rlsf {
 fn churn<P: Peer>(c: &mut Criterion, name: &str, mut p: P) {
     let mut g = c.benchmark_group("peers-churn");
     g.throughput(Throughput::Elements(1));
-    let live_n = 2048;
-    let (first, sizes, slots) = churn_stream(live_n, 8.0, 26.0);
-    let mut live: Vec<P::H> = first
-        .into_iter()
-        .map(|s| p.alloc(s).expect("the live set fits"))
-        .collect();
-    let mut i = 0usize;
-    g.bench_function(name, |b| {
-        b.iter(|| {
-            let k = i & 0xffff;
-            i += 1;
-            let slot = slots[k];
-            p.free(live[slot]);
-            live[slot] = p.alloc(black_box(sizes[k])).expect("fits");
-        })
-    });
+    common::churn(&mut g, name, &mut p, 2048, (8.0, 26.0));
     g.finish();
 }
 
@@ -239,15 +195,15 @@ fn traces() -> Vec<(String, Vec<Ev>, usize)> {
 }
 
 fn benches(c: &mut Criterion) {
-    churn(c, "gpumm", Gpumm::new());
-    churn(c, "gpumm-80G", Gpumm::with_initial(80 * G));
+    churn(c, "gpumm", gpumm(0));
+    churn(c, "gpumm-80G", gpumm(80 * G));
     churn(
         c,
         "offset-allocator",
         Offset(offset_allocator::Allocator::new((80 * G / 256) as u32)),
     );
     churn(c, "rlsf", Rlsf::new());
-    fixed(c, "gpumm", Gpumm::new());
+    fixed(c, "gpumm", gpumm(0));
     fixed(
         c,
         "offset-allocator",
@@ -257,7 +213,7 @@ fn benches(c: &mut Criterion) {
     let offset = || Offset(offset_allocator::Allocator::new((80 * G / 256) as u32));
     for (name, events, keys) in traces() {
         let group = format!("peers-trace-{name}");
-        trace(c, &group, "gpumm", &events, keys, Gpumm::new());
+        trace(c, &group, "gpumm", &events, keys, gpumm(0));
         trace(c, &group, "offset-allocator", &events, keys, offset());
         trace(c, &group, "rlsf", &events, keys, Rlsf::new());
     }

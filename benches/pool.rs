@@ -16,8 +16,8 @@ mod common;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 
-use _core::alloc::{AllocId, Pool, Request};
-use common::{churn_stream, log_uniform, G, K, M};
+use _core::alloc::{Pool, Request};
+use common::{log_uniform, G, K, M};
 
 fn pool(vidmem: u64) -> Pool {
     common::pool(vidmem, 2 * M, 0)
@@ -48,21 +48,7 @@ fn churn(c: &mut Criterion) {
         let live_n = std::env::var("LIVE")
             .map(|v| v.parse().unwrap())
             .unwrap_or(2048);
-        let (first, sizes, slots) = churn_stream(live_n, lo, hi);
-        let mut live: Vec<AllocId> = first
-            .into_iter()
-            .map(|s| p.alloc(req(s)).unwrap().0)
-            .collect();
-        let mut i = 0usize;
-        g.bench_function(name, |b| {
-            b.iter(|| {
-                let k = i & 0xffff;
-                i += 1;
-                let slot = slots[k];
-                p.free(live[slot]).unwrap();
-                live[slot] = p.alloc(req(black_box(sizes[k]))).unwrap().0;
-            })
-        });
+        common::churn(&mut g, name, &mut p, live_n, (lo, hi));
         if std::env::var("NOVALIDATE").is_err() {
             p.validate().unwrap();
         }

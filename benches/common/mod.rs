@@ -1,5 +1,6 @@
-//! What the criterion benches share: a Hopper-like PMM and a simulated device over it, and the
-//! churn stream (log-uniform sizes, a live set of which half churns). Each bench includes this
+//! What the criterion benches share: a Hopper-like PMM and a simulated device over it, the
+//! churn stream (log-uniform sizes, a live set of which half churns) and its timed loop over
+//! any allocator (`Peer`). Each bench includes this
 //! file as a module (`#[path = "common/mod.rs"] mod common;`); not every bench uses all of it.
 
 #![allow(dead_code)]
@@ -9,7 +10,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use _core::alloc::{Device, Pool, PoolConfig};
+use std::hint::black_box;
+
+use criterion::{measurement::WallTime, BenchmarkGroup};
+
+use _core::alloc::{AllocId, Device, Pool, PoolConfig, Request};
 use _core::backend::Simulated;
 use _core::pmm::{Pmm, PmmConfig, SizeMask};
 
@@ -59,4 +64,56 @@ pub fn churn_stream(live_n: usize, lo: f64, hi: f64) -> (Vec<u64>, Vec<u64>, Vec
         log_uniform(1 << 16, 2, lo, hi),
         slots,
     )
+}
+
+/// An allocator under benchmark: sizes in bytes, handles back.
+pub trait Peer {
+    type H: Copy;
+    fn alloc(&mut self, size: u64) -> Option<Self::H>;
+    fn free(&mut self, h: Self::H);
+}
+
+impl Peer for Pool {
+    type H = AllocId;
+    fn alloc(&mut self, size: u64) -> Option<AllocId> {
+        Pool::alloc(
+            self,
+            Request {
+                size,
+                ..Request::default()
+            },
+        )
+        .ok()
+        .map(|r| r.0)
+    }
+    fn free(&mut self, h: AllocId) {
+        Pool::free(self, h).unwrap();
+    }
+}
+
+/// The churn loop, as benchmark `name` of `g`: `live_n` allocations of sizes `2^[lo, hi)`,
+/// then each iteration frees one of the churning half and allocates a new size in its place
+/// (one alloc + free pair).
+pub fn churn<P: Peer>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    p: &mut P,
+    live_n: usize,
+    (lo, hi): (f64, f64),
+) {
+    let (first, sizes, slots) = churn_stream(live_n, lo, hi);
+    let mut live: Vec<P::H> = first
+        .into_iter()
+        .map(|s| p.alloc(s).expect("the live set fits"))
+        .collect();
+    let mut i = 0usize;
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            let k = i & 0xffff;
+            i += 1;
+            let slot = slots[k];
+            p.free(live[slot]);
+            live[slot] = p.alloc(black_box(sizes[k])).expect("fits");
+        })
+    });
 }
