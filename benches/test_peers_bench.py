@@ -9,6 +9,7 @@ a fixed 64 KiB pair on a warm allocator (also through gpumm's PMM: ``alloc_chunk
 benches/compare.py``. A peer that cannot be installed is skipped with the reason."""
 
 import bisect
+import functools
 import itertools
 import sys
 from pathlib import Path
@@ -198,9 +199,10 @@ def test_fixed_null(benchmark):
     timed(benchmark, "peers fixed 64KiB", "null", pair)
 
 
+@functools.lru_cache(maxsize=1)
 def trace_ops():
     """The events of bert_train as (key, size) to allocate and (key, -1) to free, pointers
-    renamed to dense keys (a pointer reused after its free is a new key)."""
+    renamed to dense keys (a pointer reused after its free is a new key); read once for all rows."""
     from gpumm.traces import read_trace
 
     keys, ops, n = {}, [], 0
