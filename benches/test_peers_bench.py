@@ -202,7 +202,8 @@ def test_fixed_null(benchmark):
 @functools.lru_cache(maxsize=1)
 def trace_ops():
     """The events of bert_train as (key, size) to allocate and (key, -1) to free, pointers
-    renamed to dense keys (a pointer reused after its free is a new key); read once for all rows."""
+    renamed to dense keys (a pointer reused after its free is a new key); read once for all
+    rows."""
     from gpumm.traces import read_trace
 
     keys, ops, n = {}, [], 0
