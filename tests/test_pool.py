@@ -270,6 +270,63 @@ def test_stats_and_snapshot(pool):
     assert pool.stats()["peak_live"] == 3 * MiB + 100
 
 
+def test_freed_blocks_wait_for_a_request_of_their_size(pool):
+    """The exact-size cache: a size asked for again keeps its freed block whole for the next
+    request of that rounded size; the memory counts as free, the old handle is dead, and an
+    empty pool gives the cache back."""
+    keep = pool.alloc(100)
+    a, b = pool.alloc(64 * KiB), pool.alloc(64 * KiB)
+    free_before = pool.stats()["free_bytes"]
+    a.free()
+    s = pool.stats()
+    assert (s["cached_allocs"], s["cache_hits"]) == (1, 0)
+    assert s["free_bytes"] == free_before + 64 * KiB
+    heap = [p for p in pool.snapshot()["pages"] if p["kind"] == "heap"][0]
+    assert all(owner != a.ptr for _, _, owner in heap["blocks"]), "shown as free"
+    with pytest.raises(gpumm.InvalidFreeError):
+        a.free()
+    with pytest.raises(gpumm.InvalidFreeError):
+        pool.free(a.ptr)
+    c = pool.alloc(64 * KiB - 200)  # rounds to the same size
+    assert c.ptr == a.ptr
+    assert pool.stats()["cache_hits"] == 1 and pool.metrics()["cache_hits"] == 1
+    for x in (b, c, keep):
+        x.free()
+    s = pool.stats()
+    assert (s["cached_allocs"], s["pages_heap"], s["used_bytes"]) == (0, 0, 0)
+
+
+def test_size_cache_can_be_switched_off(device):
+    pool = gpumm.MemoryPool(device, size_cache=False, check=True)
+    keep = pool.alloc(100)
+    for _ in range(4):
+        pool.alloc(4096).free()
+    assert (pool.stats()["cached_allocs"], pool.stats()["cache_hits"]) == (0, 0)
+    keep.free()
+
+
+def test_size_cache_on_real_memory_scrubs_and_keeps_bytes():
+    """On host memory: a block taken back from the cache is the same memory, zeroed when the
+    pool scrubs; without scrub, other allocations' bytes are untouched throughout."""
+    pool = gpumm.MemoryPool(gpumm.Device(arch="hopper", vidmem="64MiB", backend="host"),
+                            scrub=True, check=True)
+    other = pool.alloc(10000)
+    np.asarray(other)[:] = 7
+    a, b = pool.alloc(5000), pool.alloc(5000)
+    np.asarray(a)[:] = 0xAB
+    ptr = a.ptr
+    a.free()
+    assert pool.stats()["cached_allocs"] == 1
+    c = pool.alloc(5000)
+    assert c.ptr == ptr and pool.stats()["cache_hits"] == 1
+    assert not np.asarray(c).any(), "scrubbed on free"
+    np.asarray(c)[:] = 3
+    assert (np.asarray(other) == 7).all() and (np.asarray(c) == 3).all()
+    for x in (b, c, other):
+        x.free()
+    pool.close()
+
+
 def test_trim_and_release_threshold(device):
     pool = gpumm.MemoryPool(device, release_threshold="2MiB")
     pool.alloc(10 * MiB).free()

@@ -205,6 +205,7 @@ class Pool:
         release_threshold: Optional[_Size] = None,
         tail_slack: Optional[_Size] = None,
         scrub: bool = False,
+        size_cache: bool = True,
         on_failure: Optional[Callable[[int], bool]] = None,
         check: bool = False,
     ) -> Pool: ...

@@ -254,7 +254,7 @@ def publish(path: str, interval: float = 1.0) -> threading.Event:
 def counter_delta(now: Dict[str, Any], then: Dict[str, Any]) -> Dict[str, Any]:
     """Counters since ``then``: cumulative counts subtract, peaks and gauges are taken now."""
     out = dict(now)
-    for k in ("allocs", "frees", "failures", "reused", "stitched", "pages_taken",
+    for k in ("allocs", "frees", "failures", "reused", "cache_hits", "stitched", "pages_taken",
               "pages_released"):
         out[k] = now[k] - then[k]
     asked = out["allocs"] + out["failures"]

@@ -188,6 +188,12 @@ class MemoryPool(_core.Pool):
         tail_slack: a stitched allocation's last partial page may take a free page start at
             most this much larger than it needs (default 1/16 of a page); else a fresh page.
         scrub: zero memory when it is freed.
+        size_cache: keep a freed allocation's block whole for the next request of exactly
+            its rounded size, when that size keeps coming back (training steps ask for the
+            same sizes step after step): such a request then costs no search, split or
+            merge. Cached memory counts as free and is given back before the pool would grow
+            or fail; ``stats()`` reports ``cache_hits`` and ``cached_allocs``. Off with a
+            ``release_threshold``.
         on_failure: ``callback(nbytes) -> bool`` called on out of memory; True retries.
         check: validate every invariant after every operation (slow; for tests).
     """
@@ -203,6 +209,7 @@ class MemoryPool(_core.Pool):
         release_threshold: Optional[SizeLike] = None,
         tail_slack: Optional[SizeLike] = None,
         scrub: bool = False,
+        size_cache: bool = True,
         on_failure: Optional[Callable[[int], bool]] = None,
         check: bool = False,
         name: Optional[str] = None,
@@ -224,6 +231,7 @@ class MemoryPool(_core.Pool):
             release_threshold=release_threshold,
             tail_slack=tail_slack,
             scrub=scrub,
+            size_cache=size_cache,
             on_failure=on_failure,
             check=check,
         )
@@ -297,7 +305,7 @@ class MemoryPool(_core.Pool):
         keys = ("live_bytes", "reserved_bytes", "free_bytes", "peak_live", "peak_reserved",
                 "largest_free_run", "largest_request", "fragmentation", "success_rate",
                 "latency_mean_ns", "latency_p50_ns", "latency_p99_ns", "latency_samples",
-                "allocs", "frees", "failures", "reused", "stitched", "pages_taken",
+                "allocs", "frees", "failures", "reused", "cache_hits", "stitched", "pages_taken",
                 "pages_released", "live_allocs", "pending_frees", "live_by_size")
         return {k: s[k] for k in keys}
 

@@ -42,6 +42,7 @@
 #![deny(unsafe_code)]
 
 pub mod bins;
+mod cache;
 mod ptrmap;
 pub mod runs;
 mod stats;
@@ -61,6 +62,7 @@ use crate::error::{Error, Result};
 use crate::pmm::{ChunkId, ChunkType, Pmm};
 use crate::units::format_size;
 use bins::{bin_of, Bins, Link, LinkRead, LinkWrite, NIL, NUM_BINS};
+use cache::{Lookup, SizeCache};
 use ptrmap::PtrMap;
 use runs::Runs;
 
@@ -112,6 +114,9 @@ pub struct PoolConfig {
     pub release_threshold: Option<u64>,
     /// Zero memory when it is freed (before anyone can reuse it).
     pub scrub: bool,
+    /// Keep a freed one-block allocation whole for the next request of its exact size
+    /// (`cache.rs`); off with a release threshold, whose pages go back as they free up.
+    pub size_cache: bool,
     /// A tail may take a free page prefix at most this much larger than itself (bytes);
     /// otherwise it takes a fresh page, whose remainder stays usable as a head.
     pub tail_slack: u64,
@@ -128,6 +133,7 @@ impl PoolConfig {
             max_size: None,
             release_threshold: None,
             scrub: false,
+            size_cache: true,
             tail_slack: page_size / 16,
             check: false,
         }
@@ -255,6 +261,10 @@ struct Block {
     free: bool,
     /// In a heap page (else a large segment).
     heap: bool,
+    /// Free and binned: its primary bin and secondary bins (`SUFFIX`, `PREFIX` or 0), as
+    /// computed when it went in, so that taking it out does not compute them again.
+    bin: u8,
+    sec: u8,
     /// Free: links in the primary bins (heap or large). Used: `prev` is the owner's slot.
     links: Link,
 }
@@ -320,6 +330,10 @@ enum State {
     /// The memory of an arena batch (`alloc_arena`): not an allocation a caller sees; its
     /// members point into it, and it goes back when the last of them is freed.
     Group,
+    /// Freed, its block kept whole in the exact-size cache (`cache.rs`) for the next request
+    /// of its size: not an allocation a caller sees (its handle is stale), and its memory
+    /// counts as free.
+    Cached,
 }
 
 /// Where an allocation's memory is. Small and `Copy`: stitched layouts live in their own
@@ -418,6 +432,7 @@ struct Counters {
     failures: u64,
     stitched: u64,
     reused: u64,
+    cache_hits: u64,
     calls: u64,
     pages_taken: u64,
     pages_released: u64,
@@ -502,6 +517,10 @@ pub struct Pool {
     streams_mixed: bool,
     /// The error of the request `alloc_inner` just refused (see there).
     alloc_error: Option<Error>,
+    /// Freed one-block allocations kept for a request of their size (see `cache.rs`); on
+    /// unless pages go back to the device as they free up (a release threshold).
+    cache: SizeCache,
+    cache_on: bool,
 }
 
 fn invalid_size(msg: String) -> Error {
@@ -613,6 +632,8 @@ impl Pool {
             first_stream: None,
             streams_mixed: false,
             alloc_error: None,
+            cache: SizeCache::default(),
+            cache_on: cfg.size_cache && cfg.release_threshold.is_none(),
             cfg,
             dev,
         };
@@ -679,6 +700,11 @@ impl Pool {
     fn grow(&mut self, n: u32) -> bool {
         if self.quick {
             self.quick_miss = true;
+            return false;
+        }
+        // While the cache holds memory the pool does not grow: the request that asked gives
+        // the cache back and tries again (`alloc_inner`; a batch gives it back first).
+        if !self.cache.is_empty() {
             return false;
         }
         let ps = self.cfg.page_size;
@@ -780,8 +806,14 @@ impl Pool {
         bytes
     }
 
+    /// After a free: an empty pool gives its cached blocks back (so that a pool whose
+    /// allocations are all freed is all free pages, whatever it cached), and pages above the
+    /// release threshold go back to the device.
     #[inline]
     fn after_free(&mut self) {
+        if self.counters.used_bytes == 0 {
+            self.flush_cache();
+        }
         if let Some(th) = self.cfg.release_threshold {
             self.release_pages(th);
         }
@@ -862,13 +894,19 @@ impl Pool {
     /// Blocks of a page being emptied by `defrag` stay out.
     #[inline]
     fn rebin<const INSERT: bool>(&mut self, b: u32) {
-        let blk = &self.blocks[b as usize];
+        let blk = &mut self.blocks[b as usize];
         if blk.page == self.evacuating {
             return;
         }
-        let bin = bin_of(blk.len);
-        let sec = Self::secondary_of(blk);
-        let primary = &mut self.primary[blk.heap as usize];
+        let (bin, sec, heap) = if INSERT {
+            let (bin, sec) = (bin_of(blk.len), Self::secondary_of(blk));
+            blk.bin = bin as u8;
+            blk.sec = sec as u8;
+            (bin, sec, blk.heap)
+        } else {
+            (blk.bin as usize, blk.sec as usize, blk.heap)
+        };
+        let primary = &mut self.primary[heap as usize];
         bin_op(primary, &mut BlockLinks(&mut self.blocks), b, bin, INSERT);
         if sec != 0 {
             bin_op(
@@ -906,6 +944,8 @@ impl Pool {
             next: NIL,
             free: true,
             heap: kind == PageKind::Heap,
+            bin: 0,
+            sec: 0,
             links: Link::UNLINKED,
         });
         self.page_to(p, kind, b);
@@ -927,6 +967,8 @@ impl Pool {
                 next: b,
                 free: true,
                 heap: blk.heap,
+                bin: 0,
+                sec: 0,
                 links: Link::UNLINKED,
             });
             if blk.prev != NIL {
@@ -948,6 +990,8 @@ impl Pool {
                 next: blk.next,
                 free: true,
                 heap: blk.heap,
+                bin: 0,
+                sec: 0,
                 links: Link::UNLINKED,
             });
             if blk.next != NIL {
@@ -1097,6 +1141,8 @@ impl Pool {
                 next: blk.next,
                 free: true,
                 heap: false,
+                bin: 0,
+                sec: 0,
                 links: Link::UNLINKED,
             };
             let r = if spare != NIL {
@@ -1828,6 +1874,11 @@ impl Pool {
                 return (id.to_bits(), ptr);
             }
         }
+        match self.cache.take(units) {
+            Lookup::Hit(a) => return self.take_cached(a, req, units),
+            Lookup::Stale(w) => self.evict_way(w, units),
+            Lookup::Miss => {}
+        }
         // Memory freed on streams whose work has finished (CUDA events) comes back before the
         // pool would grow for it, and every 64 calls otherwise. (Not between the requests of
         // a batch, which polls before its first: a refused batch undoes its page changes by
@@ -1841,7 +1892,15 @@ impl Pool {
         let saved = self.page_counts();
         let mark = self.journal.len();
         let a = self.new_slot();
-        let layout = match self.place(units, a, false) {
+        let mut placed = self.place(units, a, false);
+        if placed.is_none() && !self.cache.is_empty() && !self.quick {
+            // it would grow the pool (which `grow` refuses while the cache holds memory): the
+            // cached blocks go back first
+            self.undo_to(mark);
+            self.flush_cache();
+            placed = self.place(units, a, false);
+        }
+        let layout = match placed {
             Some(l) => l,
             None if self.quick => {
                 self.quick_miss = true;
@@ -1882,14 +1941,24 @@ impl Pool {
             self.journal.clear();
         }
         let x = &mut self.allocs[a as usize];
+        x.ptr = ptr;
+        x.layout = layout;
+        self.go_live(a, req, units)
+    }
+
+    /// Slot `a` (its pointer and layout set) becomes the live allocation `req` asked for.
+    /// Returns (handle bits, pointer). (Inlined into both callers: as a call it cost about
+    /// 15 instructions an allocation.)
+    #[inline(always)]
+    fn go_live(&mut self, a: u32, req: Request, units: u64) -> (u64, u64) {
+        let x = &mut self.allocs[a as usize];
         x.state = State::Live;
         x.size = req.size;
-        x.ptr = ptr;
         x.stream = req.stream;
         x.movable = req.movable;
         x.pins = 0;
         x.scope = req.scope;
-        x.layout = layout;
+        let ptr = x.ptr;
         if let Some(m) = &mut self.by_ptr {
             m.insert(ptr, a);
         }
@@ -1902,6 +1971,45 @@ impl Pool {
         }
         debug_assert!(ptr != 0, "a pool address is never 0");
         (self.id(a).to_bits(), ptr)
+    }
+
+    /// A request served by cached slot `a`, whose block has exactly its rounded size.
+    #[inline]
+    fn take_cached(&mut self, a: u32, req: Request, units: u64) -> (u64, u64) {
+        debug_assert!(self.allocs[a as usize].state == State::Cached);
+        debug_assert_eq!(self.allocs[a as usize].units(), units);
+        self.counters.cache_hits += 1;
+        self.go_live(a, req, units)
+    }
+
+    /// Gives every cached block back: merged with its free neighbours and binned, its slot
+    /// vacant.
+    fn flush_cache(&mut self) {
+        if self.cache.is_empty() {
+            return;
+        }
+        for a in self.cache.drain() {
+            self.uncache(a);
+        }
+    }
+
+    /// Gives back the blocks of stale way `w` of the cache, which now follows `units`.
+    #[cold]
+    fn evict_way(&mut self, w: usize, units: u64) {
+        let (slots, n) = self.cache.evict(w, units);
+        for &a in &slots[..n] {
+            self.uncache(a);
+        }
+    }
+
+    /// Cached slot `a` gives its block back; the slot is vacant.
+    fn uncache(&mut self, a: u32) {
+        let x = &mut self.allocs[a as usize];
+        debug_assert!(x.state == State::Cached);
+        let layout = std::mem::replace(&mut x.layout, Layout::None);
+        x.state = State::Vacant;
+        self.unplace(layout);
+        self.vacant_allocs.push(a);
     }
 
     /// Undoes a placement for slot `a` that will not be kept: its memory goes back (merged
@@ -2064,13 +2172,27 @@ impl Pool {
     fn release_slot_into(&mut self, a: u32, pending: Option<&mut Vec<u32>>) {
         let x = &mut self.allocs[a as usize];
         let (ptr, units, freeing) = (x.ptr, x.units(), x.state == State::Freeing);
-        let layout = std::mem::replace(&mut x.layout, Layout::None);
-        x.state = State::Vacant;
         x.generation = x.generation.wrapping_add(1);
         if self.cfg.scrub {
             let r = self.dev.backend.zero(ptr, units * GRANULE);
             debug_assert!(r.is_ok(), "scrub failed: {r:?}");
         }
+        let x = &mut self.allocs[a as usize];
+        if pending.is_none()
+            && self.cache_on
+            && matches!(x.layout, Layout::Block(_))
+            && self.cache.admit(units, a)
+        {
+            // kept whole for the next request of its size
+            x.state = State::Cached;
+            self.counters.used_bytes -= units * GRANULE;
+            if freeing {
+                self.counters.freeing_bytes -= units * GRANULE;
+            }
+            return;
+        }
+        let layout = std::mem::replace(&mut x.layout, Layout::None);
+        x.state = State::Vacant;
         match (layout, pending) {
             (Layout::Block(b), Some(pending)) => {
                 let u = &mut self.blocks[b as usize];
@@ -2304,6 +2426,8 @@ impl Pool {
             }
         }
         self.ptr_index(); // the caller will free by pointer
+                          // (a refused batch is undone exactly: nothing cached may merge or grow in between)
+        self.flush_cache();
         if self.batch_in_one_block(sizes, stream, out) {
             self.check();
             return Ok(());
@@ -2344,12 +2468,14 @@ impl Pool {
             // counters, so a refused batch leaves the pool as it was (one failure counted).
             let eager = std::mem::replace(&mut self.eager, false);
             let threshold = self.cfg.release_threshold.take();
+            let cache_on = std::mem::replace(&mut self.cache_on, false);
             for (id, mark) in ids.into_iter().rev() {
                 let _ = self.free(id);
                 self.undo_to(mark);
             }
             self.eager = eager;
             self.cfg.release_threshold = threshold;
+            self.cache_on = cache_on;
             out.truncate(start);
             self.counters.failures -= 1; // the failed request inside counted it already
             self.rollback(saved);
@@ -2410,6 +2536,8 @@ impl Pool {
                 next: NIL,
                 free: false,
                 heap: whole.heap,
+                bin: 0,
+                sec: 0,
                 links: Link { prev: a, next: NIL },
             };
             let id = if i == 0 {
@@ -2765,6 +2893,7 @@ impl Pool {
     /// Gives free pages back to the device until at most `keep` bytes of them stay.
     pub fn trim(&mut self, keep: u64) -> Result<u64> {
         self.open()?;
+        self.flush_cache();
         self.reclaim_all();
         let n = self.release_pages(keep);
         self.check();
@@ -2783,6 +2912,7 @@ impl Pool {
     /// device.
     pub fn defrag(&mut self) -> Result<DefragReport> {
         self.open()?;
+        self.flush_cache();
         let mut report = self.defrag_inner();
         self.reclaim_all();
         report.bytes_released = self.release_pages(0);
@@ -2888,7 +3018,7 @@ impl Pool {
     fn page_used(&self, p: u32) -> u32 {
         self.page_blocks(p)
             .map(|b| &self.blocks[b as usize])
-            .filter(|b| !b.free)
+            .filter(|b| self.holds(b))
             .map(|b| b.len)
             .sum()
     }
@@ -2921,6 +3051,8 @@ impl Pool {
                 x.ptr, x.pins
             )));
         }
+        self.cache_on = false;
+        self.flush_cache();
         let mut live = 0;
         for a in 0..self.allocs.len() as u32 {
             let st = self.allocs[a as usize].state;

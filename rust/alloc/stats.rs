@@ -101,6 +101,10 @@ pub struct PoolStats {
     /// `allocs / (allocs + failures)` (1 when nothing was asked).
     pub success_rate: f64,
     pub reused: u64,
+    /// Requests served by a block of exactly their size kept from a recent free (see
+    /// `cache.rs`), and the freed allocations kept there now (their memory counts as free).
+    pub cache_hits: u64,
+    pub cached_allocs: u64,
     pub stitched: u64,
     pub live_allocs: u64,
     pub pending_frees: u64,
@@ -127,6 +131,12 @@ pub struct PoolStats {
 }
 
 impl Pool {
+    /// Whether a block holds memory of an allocation (not free, not kept in the exact-size
+    /// cache, whose memory counts as free).
+    pub(super) fn holds(&self, blk: &Block) -> bool {
+        !blk.free && self.allocs[blk.owner() as usize].state != State::Cached
+    }
+
     /// For each page, the slot of the stitched allocation it is a middle page of (NIL if none).
     fn full_owners(&self) -> Vec<u32> {
         let mut owner = vec![NIL; self.pages.len()];
@@ -164,6 +174,8 @@ impl Pool {
                 c.allocs as f64 / (c.allocs + c.failures) as f64
             },
             reused: c.reused,
+            cache_hits: c.cache_hits,
+            cached_allocs: self.cache.len() as u64,
             stitched: c.stitched,
             pages_taken: c.pages_taken,
             pages_released: c.pages_released,
@@ -199,7 +211,7 @@ impl Pool {
         let (mut head, mut tail, mut block, mut inner) = (0u64, 0u64, 0u64, 0u64);
         let pg = self.pg as u64;
         for blk in &self.blocks {
-            if blk.page != NIL && blk.free {
+            if blk.page != NIL && !self.holds(blk) {
                 let len = blk.len as u64 * GRANULE;
                 block = block.max(len);
                 if !blk.heap {
@@ -251,7 +263,7 @@ impl Pool {
                     s.pending_frees += 1;
                     continue;
                 }
-                State::Vacant | State::Group => continue,
+                State::Vacant | State::Group | State::Cached => continue,
             }
             let upper = x.size.next_power_of_two().max(GRANULE);
             match classes.iter_mut().find(|c| c.0 == upper) {
@@ -427,12 +439,19 @@ impl Pool {
         }
         let binned = |bins: &Bins,
                       links: &dyn LinkRead,
-                      want_heap: Option<bool>|
+                      want_heap: Option<bool>,
+                      sec: Option<usize>|
          -> std::result::Result<(), String> {
             for b in 0..NUM_BINS {
                 for i in bins.iter(links, b) {
                     let blk = &self.blocks[i as usize];
-                    if blk.page == NIL || !blk.free || bin_of(blk.len) != b {
+                    if blk.page == NIL
+                        || !blk.free
+                        || bin_of(blk.len) != b
+                        || blk.bin as usize != b
+                        || sec.is_some_and(|s| blk.sec as usize != s)
+                        || blk.sec as usize != Self::secondary_of(blk)
+                    {
                         return Err(format!("block {i} wrongly binned: {blk:?}"));
                     }
                     let heap = self.pages[blk.page as usize].kind == PageKind::Heap;
@@ -444,10 +463,10 @@ impl Pool {
             Ok(())
         };
         let (l0, l1) = (BlockLinksRef(&self.blocks), &self.sec_links[..]);
-        binned(&self.primary[HEAP], &l0, Some(true))?;
-        binned(&self.primary[LARGE], &l0, Some(false))?;
-        binned(&self.secondary[SUFFIX], &l1, Some(false))?;
-        binned(&self.secondary[PREFIX], &l1, Some(false))?;
+        binned(&self.primary[HEAP], &l0, Some(true), None)?;
+        binned(&self.primary[LARGE], &l0, Some(false), None)?;
+        binned(&self.secondary[SUFFIX], &l1, Some(false), Some(SUFFIX))?;
+        binned(&self.secondary[PREFIX], &l1, Some(false), Some(PREFIX))?;
         let evac = if self.evacuating == NIL { 0 } else { 1 };
         if self.primary[HEAP].len() != nheap && evac == 0
             || self.primary[LARGE].len() != nlarge
@@ -494,7 +513,18 @@ impl Pool {
                 group_left.insert(a as u32, (x.units(), x.members));
             }
         }
+        let mut cached_slots = 0;
         for (a, x) in self.allocs.iter().enumerate() {
+            if x.state == State::Cached {
+                cached_slots += 1;
+                if !matches!(x.layout, Layout::Block(b) if self.blocks[b as usize].len as u64 == x.units())
+                {
+                    return Err(format!(
+                        "cached allocation {a} does not hold one block of its size"
+                    ));
+                }
+                continue;
+            }
             if matches!(x.state, State::Vacant | State::Group) {
                 continue;
             }
@@ -526,7 +556,7 @@ impl Pool {
             match x.state {
                 State::Live => live += x.size,
                 State::Freeing => freeing += x.units() * GRANULE,
-                State::Vacant | State::Group => {}
+                State::Vacant | State::Group | State::Cached => {}
             }
             let held = match x.layout {
                 Layout::Member(_) => x.units(),
@@ -560,6 +590,23 @@ impl Pool {
             if held != x.units() {
                 return Err(format!("group {a} holds {held} granules of {}", x.units()));
             }
+        }
+        // the exact-size cache: every cached slot once, under its own size
+        let mut in_cache = 0;
+        for (units, a) in self.cache.entries() {
+            in_cache += 1;
+            let x = self.allocs.get(a as usize);
+            if !x.is_some_and(|x| x.state == State::Cached && x.units() == units) {
+                return Err(format!(
+                    "cache entry {a} of {units} granules is not a cached slot of that size"
+                ));
+            }
+        }
+        if in_cache != cached_slots || in_cache != self.cache.len() {
+            return Err(format!(
+                "{cached_slots} cached slots, {in_cache} in the cache, which counts {}",
+                self.cache.len()
+            ));
         }
         if let Some(m) = &self.by_ptr {
             if n != m.len() + pending.len() || m.iter().count() != m.len() {
@@ -626,7 +673,9 @@ impl Pool {
                     let mut pages: Vec<PageSnapshot> = Vec::new();
                     for b in self.page_blocks(p as u32) {
                         let blk = &self.blocks[b as usize];
-                        let owner = (!blk.free).then(|| self.allocs[blk.owner() as usize].ptr);
+                        let owner = self
+                            .holds(blk)
+                            .then(|| self.allocs[blk.owner() as usize].ptr);
                         let (mut g, end) =
                             (self.start_of(blk), self.start_of(blk) + blk.len as u64);
                         while g < end {
@@ -640,9 +689,15 @@ impl Pool {
                                 });
                             }
                             let entry = pages.last_mut().expect("just pushed");
-                            entry
-                                .blocks
-                                .push(((g - q * pg) * GRANULE, (cut - g) * GRANULE, owner));
+                            let (off, len) = ((g - q * pg) * GRANULE, (cut - g) * GRANULE);
+                            match entry.blocks.last_mut() {
+                                // free memory is listed as free ranges: a cached block and the
+                                // free block beside it are one range (as once merged)
+                                Some((o, l, None)) if owner.is_none() && *o + *l == off => {
+                                    *l += len
+                                }
+                                _ => entry.blocks.push((off, len, owner)),
+                            }
                             g = cut;
                         }
                     }

@@ -124,6 +124,9 @@ fn reclaim_gives_stitching_the_pages_inside_segments() {
     let (a, _) = p.alloc(req(7 * MIB)).unwrap();
     let (_b, _) = p.alloc(req(7 * MIB)).unwrap();
     p.free(a).unwrap();
+    // (a's block waits in the exact-size cache, which a refused request gives back: give it
+    // back first, so that the refusal below changes nothing at all)
+    p.flush_cache();
     let before = (unchanging(&p), p.page_snapshot());
     assert_eq!(before.0.pages_free, 0);
     // too big for what is free: refused, and the reclaim it tried is undone
@@ -250,6 +253,132 @@ fn a_batch_does_not_grow_the_pool_for_one_block_when_its_holes_hold_it() {
     // one 4 MiB block would need new pages; the holes hold the sizes one by one
     assert_eq!(p.stats().reserved_bytes, reserved);
     p.validate().unwrap();
+}
+
+/// A freed block whose size keeps being asked for waits, whole, for the next request of that
+/// size (the exact-size cache): same block, no search, no merge. Its memory counts as free,
+/// its handle is stale, and it goes back before the pool would grow, and when nothing is
+/// left live.
+#[test]
+fn freed_blocks_wait_for_the_next_request_of_their_size() {
+    let mut p = pool(8 * MIB);
+    let _keep = p.alloc(req(5000)).unwrap();
+    let (a, pa) = p.alloc(req(64 * KIB)).unwrap();
+    let (b, pb) = p.alloc(req(64 * KIB)).unwrap(); // the size asked for twice
+    let before = p.stats();
+    p.free(a).unwrap();
+    let s = p.stats();
+    assert_eq!((s.cached_allocs, s.cache_hits), (1, 0));
+    assert_eq!(
+        s.free_bytes,
+        before.free_bytes + 64 * KIB,
+        "cached memory counts as free"
+    );
+    assert_eq!(s.largest_free_run, before.largest_free_run.max(64 * KIB));
+    assert!(p.page_snapshot()[0]
+        .blocks
+        .iter()
+        .any(|&(_, len, owner)| len >= 64 * KIB && owner.is_none()));
+    assert!(
+        matches!(p.free(a), Err(Error::InvalidFree(_))),
+        "its handle is stale"
+    );
+    assert!(matches!(p.free_ptr(pa), Err(Error::InvalidFree(_))));
+    assert!(p.info(a).is_err() && p.allocations().iter().all(|x| x.ptr != pa));
+    // the next request of its size (any size that rounds to it) takes it back
+    let (c, pc) = p.alloc(req(64 * KIB - 100)).unwrap();
+    assert_eq!(pc, pa);
+    let s = p.stats();
+    assert_eq!(
+        (s.cached_allocs, s.cache_hits, s.live_bytes),
+        (0, 1, 5000 + 2 * 64 * KIB - 100)
+    );
+    p.free(c).unwrap();
+    p.free(b).unwrap();
+    assert_eq!(p.stats().cached_allocs, 2);
+    assert!(pb != pa);
+    // nothing live: every page is free again
+    p.free(_keep.0).unwrap();
+    let s = p.stats();
+    assert_eq!((s.cached_allocs, s.pages_heap, s.pages_large), (0, 0, 0));
+    // a request that only a cached block holds (the pool is one full page at its limit):
+    // the cache gives it back and the request takes it
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.max_size = Some(2 * MIB);
+    cfg.check = true;
+    let mut q = Pool::new(device(8 * MIB), cfg.clone()).unwrap();
+    let (x, px) = q.alloc(req(64 * KIB)).unwrap();
+    let _y = q.alloc(req(64 * KIB)).unwrap();
+    let mut rest = 2 * MIB - 128 * KIB;
+    while rest > 0 {
+        let n = rest.min(512 * KIB);
+        q.alloc(req(n)).unwrap();
+        rest -= n;
+    }
+    q.free(x).unwrap();
+    assert_eq!(q.stats().cached_allocs, 1);
+    let (_z, pz) = q.alloc(req(60 * KIB)).unwrap();
+    assert_eq!(pz, px);
+    assert_eq!(
+        (q.stats().cached_allocs, q.stats().reserved_bytes),
+        (0, 2 * MIB)
+    );
+    // switched off, nothing waits
+    cfg.size_cache = false;
+    let mut q = Pool::new(device(8 * MIB), cfg).unwrap();
+    let _k = q.alloc(req(100)).unwrap();
+    for _ in 0..3 {
+        let (x, _) = q.alloc(req(4096)).unwrap();
+        q.free(x).unwrap();
+    }
+    assert_eq!((q.stats().cached_allocs, q.stats().cache_hits), (0, 0));
+}
+
+/// A cached block is given back by trim, defrag, close and before a batch; a way whose size
+/// stops coming goes stale and gives its blocks back.
+#[test]
+fn the_size_cache_gives_back_what_it_holds() {
+    let mut p = pool(64 * MIB);
+    let _keep = p.alloc(req(100)).unwrap();
+    let cached = |p: &mut Pool, size: u64| {
+        let (x, _) = p.alloc(req(size)).unwrap();
+        let (y, _) = p.alloc(req(size)).unwrap();
+        p.free(x).unwrap();
+        p.free(y).unwrap();
+        assert!(p.stats().cached_allocs >= 1);
+    };
+    cached(&mut p, 3 * MIB);
+    p.trim(0).unwrap();
+    assert_eq!(p.stats().cached_allocs, 0);
+    cached(&mut p, 300 * KIB);
+    p.defrag().unwrap();
+    assert_eq!(p.stats().cached_allocs, 0);
+    cached(&mut p, 5 * MIB);
+    let mut out = vec![];
+    p.alloc_batch(&[1000, 2000], 0, &mut out).unwrap();
+    assert_eq!(p.stats().cached_allocs, 0);
+    p.free_batch(&out).unwrap();
+    // stale: requests of other sizes of the same way, none of its own
+    cached(&mut p, 4096);
+    let held = p.stats().cached_allocs;
+    let units = 4096 / GRANULE as u32;
+    let way_of = |u: u32| u.wrapping_mul(0x9E37_79B1) >> (32 - cache::WAYS.trailing_zeros());
+    let other = (units + 1..).find(|&u| way_of(u) == way_of(units)).unwrap() as u64 * GRANULE;
+    let mut live = vec![];
+    for _ in 0..8 {
+        live.push(p.alloc(req(other)).unwrap().0);
+    }
+    assert!(
+        p.stats().cached_allocs < held,
+        "the stale way gave its block back"
+    );
+    for x in live {
+        p.free(x).unwrap();
+    }
+    cached(&mut p, 64 * KIB);
+    assert_eq!(p.close().unwrap(), 1);
+    assert_eq!(p.stats().cached_allocs, 0);
+    assert_eq!(p.stats().reserved_bytes, 0);
 }
 
 #[test]
@@ -666,11 +795,13 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    // (and a few sizes that come back, for the exact-size cache)
     let size = prop_oneof![
-        1u64..4096,
-        4096u64..(1 << 20),
-        (1u64 << 20)..(9 << 20),
-        (9u64 << 20)..(40 << 20),
+        1 => 1u64..4096,
+        1 => 4096u64..(1 << 20),
+        1 => (1u64 << 20)..(9 << 20),
+        1 => (9u64 << 20)..(40 << 20),
+        3 => prop::sample::select(vec![1000u64, 64 << 10, (3 << 20) + 5]),
     ];
     prop_oneof![
         6 => (size.clone(), 0u64..3, any::<bool>()).prop_map(|(s, st, m)| Op::Alloc(s, st, m)),
@@ -688,7 +819,8 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A pool's statistics but those a refused request changes (failures, latency).
+/// The statistics a refused request leaves as they were: all but the failure and latency
+/// counts.
 fn unchanging(p: &Pool) -> PoolStats {
     let mut s = p.stats();
     s.failures = 0;
@@ -698,6 +830,41 @@ fn unchanging(p: &Pool) -> PoolStats {
     s.latency_p50_ns = 0.0;
     s.latency_p99_ns = 0.0;
     s
+}
+
+/// What a refused request (no movable allocation to compact) leaves: the pool as it was
+/// (`before`), or, if the exact-size cache held `cached` allocations, the same allocations and
+/// counters with the cache given back (out of memory releases what is cached first).
+fn refused_changes_nothing(
+    p: &Pool,
+    before: &(PoolStats, Vec<PageSnapshot>),
+    cached: u64,
+    live: &[(u64, u64)],
+) -> std::result::Result<(), TestCaseError> {
+    if cached == 0 {
+        prop_assert_eq!(before, &(unchanging(p), p.page_snapshot()));
+    } else {
+        let (s, t) = (&before.0, unchanging(p));
+        prop_assert_eq!(t.cached_allocs, 0);
+        let key = |s: &PoolStats| {
+            (
+                s.live_bytes,
+                s.used_bytes,
+                s.reserved_bytes,
+                s.peak_reserved,
+                s.allocs,
+                s.frees,
+            )
+        };
+        prop_assert_eq!(key(s), key(&t));
+        prop_assert_eq!(live, &ranges(p)[..]);
+    }
+    Ok(())
+}
+
+/// (pointer, rounded size) of every live or freeing allocation.
+fn ranges(p: &Pool) -> Vec<(u64, u64)> {
+    p.allocations().iter().map(|x| (x.ptr, x.rounded)).collect()
 }
 
 proptest! {
@@ -726,13 +893,14 @@ proptest! {
             // a refused request leaves the pool as it was (but for counting the failure),
             // unless it had movable allocations to compact on the way
             let before = (unchanging(&p), p.page_snapshot());
+            let (cached, held) = (before.0.cached_allocs, ranges(&p));
             let fixed = p.allocations().iter().all(|x| !x.movable);
             match op {
                 Op::Alloc(size, stream, movable) => {
                     match p.alloc(Request { size, stream, movable, scope: 0 }) {
                         Ok((id, _)) => live.push(id),
                         Err(Error::OutOfMemory(_)) => if fixed {
-                            prop_assert_eq!(&before, &(unchanging(&p), p.page_snapshot()));
+                            refused_changes_nothing(&p, &before, cached, &held)?;
                         },
                         Err(e) => panic!("{e:?}"),
                     }
@@ -747,7 +915,7 @@ proptest! {
                         }
                         Err(Error::OutOfMemory(_)) => if fixed {
                             prop_assert!(out.is_empty());
-                            prop_assert_eq!(&before, &(unchanging(&p), p.page_snapshot()));
+                            refused_changes_nothing(&p, &before, cached, &held)?;
                         },
                         Err(e) => panic!("{e:?}"),
                     }

@@ -279,7 +279,7 @@ impl PyPool {
     #[new]
     #[pyo3(signature = (pmm, backend, *, page_size, initial_size = None, max_size = None,
         small_threshold = None, release_threshold = None, tail_slack = None, scrub = false,
-        on_failure = None, check = false))]
+        size_cache = true, on_failure = None, check = false))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
@@ -292,6 +292,7 @@ impl PyPool {
         release_threshold: Option<&Bound<'_, PyAny>>,
         tail_slack: Option<&Bound<'_, PyAny>>,
         scrub: bool,
+        size_cache: bool,
         on_failure: Option<Py<PyAny>>,
         check: bool,
     ) -> PyResult<Self> {
@@ -306,6 +307,7 @@ impl PyPool {
             cfg.tail_slack = t;
         }
         cfg.scrub = scrub;
+        cfg.size_cache = size_cache;
         cfg.check = check;
         if let Some(cb) = &on_failure {
             if !cb.bind(py).is_callable() {
@@ -563,6 +565,8 @@ impl PyPool {
             failures,
             success_rate,
             reused,
+            cache_hits,
+            cached_allocs,
             stitched,
             live_allocs,
             pending_frees,
