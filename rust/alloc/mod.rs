@@ -2178,6 +2178,7 @@ impl Pool {
             debug_assert!(r.is_ok(), "scrub failed: {r:?}");
         }
         let x = &mut self.allocs[a as usize];
+        let member = matches!(x.layout, Layout::Member(_));
         if pending.is_none()
             && self.cache_on
             && matches!(x.layout, Layout::Block(_))
@@ -2185,28 +2186,24 @@ impl Pool {
         {
             // kept whole for the next request of its size
             x.state = State::Cached;
-            self.counters.used_bytes -= units * GRANULE;
-            if freeing {
-                self.counters.freeing_bytes -= units * GRANULE;
+        } else {
+            let layout = std::mem::replace(&mut x.layout, Layout::None);
+            x.state = State::Vacant;
+            match (layout, pending) {
+                (Layout::Block(b), Some(pending)) => {
+                    let u = &mut self.blocks[b as usize];
+                    u.free = true;
+                    u.links = Link {
+                        prev: PENDING,
+                        next: NIL,
+                    };
+                    pending.push(b);
+                }
+                (layout, _) => self.unplace(layout),
             }
-            return;
+            self.vacant_allocs.push(a);
         }
-        let layout = std::mem::replace(&mut x.layout, Layout::None);
-        x.state = State::Vacant;
-        match (layout, pending) {
-            (Layout::Block(b), Some(pending)) => {
-                let u = &mut self.blocks[b as usize];
-                u.free = true;
-                u.links = Link {
-                    prev: PENDING,
-                    next: NIL,
-                };
-                pending.push(b);
-            }
-            (layout, _) => self.unplace(layout),
-        }
-        self.vacant_allocs.push(a);
-        if !matches!(layout, Layout::Member(_)) {
+        if !member {
             // a member's memory stays used until its group goes back (in `unplace`)
             self.counters.used_bytes -= units * GRANULE;
         }

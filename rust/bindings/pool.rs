@@ -735,7 +735,13 @@ pub(super) fn u64_buffer(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> 
 /// Memory from a `MemoryPool`: `ptr`, `size`, `free()`; a context manager that frees on exit.
 /// On the host backend its bytes are reachable without copies through the buffer protocol
 /// (`memoryview(a)`, `numpy.asarray(a)`), `__array_interface__` and `__dlpack__`.
-#[pyclass(module = "gpumm._core", name = "Allocation", frozen, weakref, freelist = 1024)]
+#[pyclass(
+    module = "gpumm._core",
+    name = "Allocation",
+    frozen,
+    weakref,
+    freelist = 1024
+)]
 pub struct PyAllocation {
     pool: SharedPool,
     pool_id: u64,
