@@ -232,6 +232,7 @@ def _pool_table(s: dict, title: str) -> Table:
         ("fragmentation", f"{s['fragmentation']:.1%}"),
         ("allocations / frees / failures", f"{s['allocs']} / {s['frees']} / {s['failures']}"),
         ("stitched allocations", str(s["stitched"])),
+        ("served by the size cache / waiting there", f"{s['cache_hits']} / {s['cached_allocs']}"),
         ("pages heap / large / full / free",
          f"{s['pages_heap']} / {s['pages_large']} / {s['pages_full']} / {s['pages_free']}"),
         ("alloc latency mean / p99",

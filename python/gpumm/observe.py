@@ -191,6 +191,7 @@ _COUNTERS = [
     ("allocs", "Allocations made"),
     ("frees", "Allocations freed"),
     ("failures", "Allocations refused"),
+    ("cache_hits", "Allocations served by a freed block of their exact size (the size cache)"),
 ]
 
 

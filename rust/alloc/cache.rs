@@ -57,6 +57,8 @@ pub struct SizeCache {
     ways: [Way; WAYS],
     slots: [[u32; DEPTH]; WAYS],
     len: usize,
+    /// The next `take` asks again for a request already counted (see `retry_next`).
+    retry: bool,
 }
 
 impl Default for SizeCache {
@@ -65,6 +67,7 @@ impl Default for SizeCache {
             ways: [Way::default(); WAYS],
             slots: [[0; DEPTH]; WAYS],
             len: 0,
+            retry: false,
         }
     }
 }
@@ -93,6 +96,7 @@ impl SizeCache {
         let Ok(u) = u32::try_from(units) else {
             return Lookup::Miss;
         };
+        let retry = std::mem::replace(&mut self.retry, false);
         let i = way(u);
         let w = &mut self.ways[i];
         if w.units == u {
@@ -102,18 +106,25 @@ impl SizeCache {
                 self.len -= 1;
                 return Lookup::Hit(self.slots[i][w.len as usize]);
             }
-            w.seen = true;
+            w.seen |= !retry;
         } else if w.len == 0 {
             w.units = u;
             w.seen = false;
             w.misses = 0;
-        } else {
+        } else if !retry {
             w.misses += 1;
             if w.misses >= MAX_MISSES {
                 return Lookup::Stale(i);
             }
         }
         Lookup::Miss
+    }
+
+    /// The next `take` is the same request again (one that gave up before it was placed:
+    /// the quick path under the GIL, which will not grow the pool, retried in full): it may
+    /// take a cached block but does not count as the size asked for again, nor as a miss.
+    pub fn retry_next(&mut self) {
+        self.retry = true;
     }
 
     /// Empties stale way `i` (returns its slots); it now remembers `units`.
@@ -214,6 +225,31 @@ mod tests {
         got.sort_unstable();
         assert_eq!(got, (0..DEPTH as u32).collect::<Vec<_>>());
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn a_retried_request_is_not_a_second_request() {
+        let mut c = SizeCache::default();
+        assert_eq!(c.take(40), Lookup::Miss);
+        c.retry_next();
+        assert_eq!(c.take(40), Lookup::Miss);
+        assert!(!c.admit(40, 7), "asked for once, though looked up twice");
+        assert_eq!(c.take(40), Lookup::Miss);
+        assert!(c.admit(40, 7));
+        c.retry_next();
+        assert_eq!(
+            c.take(40),
+            Lookup::Hit(7),
+            "a retry may still take a cached block"
+        );
+        // nor is a retry a miss of the way's size
+        c.take(40);
+        assert!(c.admit(40, 8));
+        let other = sibling(40);
+        for _ in 0..2 * MAX_MISSES {
+            c.retry_next();
+            assert_eq!(c.take(other), Lookup::Miss);
+        }
     }
 
     #[test]

@@ -2054,6 +2054,7 @@ impl Pool {
         self.quick = false;
         if self.quick_miss {
             self.counters.calls = calls;
+            self.cache.retry_next();
             return None;
         }
         Some(r)
