@@ -27,6 +27,10 @@
 //! `trim`/`defrag` give pages to the device), or at once in a pool with a release threshold.
 //! A request (or batch) that fails undoes every such change it made (the `journal`).
 //!
+//! A freed one-block allocation whose size keeps being asked for may instead keep its block,
+//! unmerged, for the next request of that size (`cache.rs`): its slot is `Cached`, its memory
+//! counts as free, and the cache goes back before the pool would grow.
+//!
 //! ## Invariants (checked by `validate`)
 //! - A `Heap` page, or a segment from its `Large` page over its `Covered` pages, is covered by
 //!   its blocks, in address order, linked `prev`/`next`; no two free blocks touch; a free
@@ -38,6 +42,8 @@
 //! - `by_ptr`, once built, maps the pointer of every live or freeing allocation that is not
 //!   in a pending batch record (`batches`), and nothing else; every record entry names a live
 //!   or freeing allocation.
+//! - A `Cached` slot holds one block of exactly its rounded size and is in the size cache
+//!   once, under that size; nothing else is in the cache.
 
 #![deny(unsafe_code)]
 
