@@ -186,8 +186,8 @@ impl Pool {
             ..PoolStats::default()
         };
         s.pages_free = self.free_pages.free_units();
-        for (p, page) in self.pages.iter().enumerate() {
-            match page.kind {
+        for (p, &kind) in self.pages.iter().enumerate() {
+            match kind {
                 PageKind::Absent => {}
                 PageKind::Owned => s.pages_full += 1,
                 PageKind::Heap => {
@@ -324,28 +324,28 @@ impl Pool {
         let (mut nheap, mut nlarge, mut nsuffix, mut nprefix) = (0usize, 0usize, 0usize, 0usize);
         let mut block_seen = 0usize;
         let mut covered = vec![false; self.pages.len()];
-        for (p, page) in self.pages.iter().enumerate() {
+        for (p, &kind) in self.pages.iter().enumerate() {
             let p = p as u32;
             let full = owners[p as usize] != NIL;
-            if free_runs[p as usize] && (page.kind != PageKind::Owned || full) {
+            if free_runs[p as usize] && (kind != PageKind::Owned || full) {
                 return Err(format!(
                     "free page {p} is {:?} (owner {})",
-                    page.kind, owners[p as usize]
+                    kind, owners[p as usize]
                 ));
             }
-            if full && page.kind != PageKind::Owned {
+            if full && kind != PageKind::Owned {
                 return Err(format!(
                     "middle page {p} of a stitched allocation is {:?}",
-                    page.kind
+                    kind
                 ));
             }
-            if page.kind == PageKind::Owned && !full && !free_runs[p as usize] {
+            if kind == PageKind::Owned && !full && !free_runs[p as usize] {
                 return Err(format!("page {p} is held but neither free nor used"));
             }
-            if page.kind != PageKind::Absent {
+            if kind != PageKind::Absent {
                 owned += 1;
             }
-            match page.kind {
+            match kind {
                 PageKind::Heap | PageKind::Large => {
                     // the blocks of the page (heap) or segment (large), from its start
                     let pg = self.pg as u64;
@@ -358,7 +358,7 @@ impl Pool {
                             || blk.off as u64 >= pg
                             || blk.prev != prev
                             || blk.len == 0
-                            || blk.heap != (page.kind == PageKind::Heap)
+                            || blk.heap != (kind == PageKind::Heap)
                         {
                             return Err(format!(
                                 "block {b} of page {p} misplaced: {blk:?} at granule {g}"
@@ -371,7 +371,7 @@ impl Pool {
                             if blk.prev == NIL && blk.next == NIL {
                                 return Err(format!("page {p} is one free block"));
                             }
-                            if page.kind == PageKind::Heap {
+                            if kind == PageKind::Heap {
                                 nheap += 1;
                             } else {
                                 nlarge += 1;
@@ -402,7 +402,7 @@ impl Pool {
                     let n = (g - base) / pg;
                     if (g - base) % pg != 0
                         || n == 0
-                        || (page.kind == PageKind::Heap && n != 1)
+                        || (kind == PageKind::Heap && n != 1)
                         || p as u64 + n > self.pages.len() as u64
                     {
                         return Err(format!(
@@ -411,10 +411,10 @@ impl Pool {
                         ));
                     }
                     for q in p + 1..p + n as u32 {
-                        if self.pages[q as usize].kind != PageKind::Covered {
+                        if self.pages[q as usize] != PageKind::Covered {
                             return Err(format!(
                                 "page {q} inside the segment at page {p} is {:?}",
-                                self.pages[q as usize].kind
+                                self.pages[q as usize]
                             ));
                         }
                         covered[q as usize] = true;
@@ -454,7 +454,7 @@ impl Pool {
                     {
                         return Err(format!("block {i} wrongly binned: {blk:?}"));
                     }
-                    let heap = self.pages[blk.page as usize].kind == PageKind::Heap;
+                    let heap = self.pages[blk.page as usize] == PageKind::Heap;
                     if want_heap.is_some_and(|w| w != heap) {
                         return Err(format!("block {i} in the bins of the other page kind"));
                     }
@@ -653,9 +653,9 @@ impl Pool {
         let pg = self.pg as u64;
         let owners = self.full_owners();
         let mut out = Vec::new();
-        for (p, page) in self.pages.iter().enumerate() {
+        for (p, &kind) in self.pages.iter().enumerate() {
             let addr = p as u64 * ps;
-            let (kind, blocks) = match page.kind {
+            let (kind, blocks) = match kind {
                 // listed with the first page of their segment
                 PageKind::Absent | PageKind::Covered => continue,
                 PageKind::Owned if owners[p] == NIL => ("free", vec![(0, ps, None)]),
@@ -664,7 +664,7 @@ impl Pool {
                     vec![(0, ps, Some(self.allocs[owners[p] as usize].ptr))],
                 ),
                 PageKind::Heap | PageKind::Large => {
-                    let kind = if page.kind == PageKind::Heap {
+                    let kind = if kind == PageKind::Heap {
                         "heap"
                     } else {
                         "large"
