@@ -18,8 +18,10 @@
 //! free pages and a *tail* (a free block that starts its segment, or the start of a fresh
 //! page). When those pages follow the head (or there is no head and they are one run) the
 //! head's segment is extended over them (or a segment is opened on them) and the request is
-//! one block of it; otherwise it is *stitched*: its pieces are mapped back to back into the
-//! pool's stitching window, so a free page is never "free but unusable" for a large request.
+//! one block of it; else, while free pages are plentiful, a free run that holds the whole
+//! request opens a segment for it; otherwise it is *stitched*: its pieces are mapped back to
+//! back into the pool's stitching window, so a free page is never "free but unusable" for a
+//! large request.
 //!
 //! Freed large blocks merge with their neighbours and stay in their segment (a segment that
 //! is all free goes back to the free pages). Whole free pages inside segments go back to the
