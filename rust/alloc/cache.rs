@@ -74,7 +74,7 @@ impl Default for SizeCache {
 
 /// The way of a size (Fibonacci hashing: neighbouring sizes land in different ways).
 #[inline]
-fn way(units: u32) -> usize {
+pub(super) fn way(units: u32) -> usize {
     (units.wrapping_mul(0x9E37_79B1) >> (32 - WAYS.trailing_zeros())) as usize
 }
 

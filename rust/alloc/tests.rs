@@ -362,8 +362,10 @@ fn the_size_cache_gives_back_what_it_holds() {
     cached(&mut p, 4096);
     let held = p.stats().cached_allocs;
     let units = 4096 / GRANULE as u32;
-    let way_of = |u: u32| u.wrapping_mul(0x9E37_79B1) >> (32 - cache::WAYS.trailing_zeros());
-    let other = (units + 1..).find(|&u| way_of(u) == way_of(units)).unwrap() as u64 * GRANULE;
+    let other = (units + 1..)
+        .find(|&u| cache::way(u) == cache::way(units))
+        .unwrap() as u64
+        * GRANULE;
     let mut live = vec![];
     for _ in 0..8 {
         live.push(p.alloc(req(other)).unwrap().0);
