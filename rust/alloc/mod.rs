@@ -1473,9 +1473,10 @@ impl Pool {
                     .free_pages
                     .run_at(self.page_after(&self.blocks[head as usize]))
                     >= need;
+            let whole = units.div_ceil(pg) as u32;
             if !head_ok {
-                if let Some(p) = self.free_pages.alloc(units.div_ceil(pg) as u32) {
-                    let b = self.open_segment(p, units.div_ceil(pg) as u32, PageKind::Large);
+                if let Some(p) = self.free_pages.alloc(whole) {
+                    let b = self.open_segment(p, whole, PageKind::Large);
                     return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
                 }
             }
