@@ -180,6 +180,23 @@ def test_scopes_nest_and_are_per_pool(device):
     assert (outer.made, inner.made) == (1, 1)
 
 
+def test_scope_is_per_thread(pool):
+    import threading
+
+    made = []
+    with pool.scope() as s:
+        t = threading.Thread(target=lambda: made.append(pool.alloc(100)))
+        t.start()
+        t.join()
+        mine = pool.alloc(100)
+    # the other thread's allocation is not in this thread's scope; after it, nothing is
+    assert (s.made, s.freed) == (1, 1) and mine.freed and not made[0].freed
+    after = pool.alloc(100)
+    with pool.scope() as s2:
+        pass
+    assert s2.made == 0 and not after.freed
+
+
 def test_allocation_context_manager(pool):
     with pool.alloc(1000) as a:
         assert not a.freed

@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -27,7 +27,14 @@ thread_local! {
     static SCOPES: RefCell<Vec<(u64, u32)>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Scopes open on all threads: while none is, a request skips the thread-local lookup (a
+/// call into the TLS resolver of a shared library on every allocation).
+static OPEN_SCOPES: AtomicUsize = AtomicUsize::new(0);
+
 fn current_scope(pool_id: u64) -> u32 {
+    if OPEN_SCOPES.load(Ordering::Relaxed) == 0 {
+        return 0;
+    }
     SCOPES.with(|s| {
         let s = s.borrow();
         s.iter()
@@ -643,6 +650,7 @@ impl PyPool {
     fn _enter_scope(&self, py: Python<'_>) -> PyResult<u32> {
         let s = self.with(py, |p| p.open_scope()).py_err(py)?;
         SCOPES.with(|v| v.borrow_mut().push((self.id, s)));
+        OPEN_SCOPES.fetch_add(1, Ordering::Relaxed);
         Ok(s)
     }
 
@@ -659,6 +667,7 @@ impl PyPool {
             let mut v = v.borrow_mut();
             if let Some(i) = v.iter().rposition(|&x| x == (self.id, scope)) {
                 v.remove(i);
+                OPEN_SCOPES.fetch_sub(1, Ordering::Relaxed);
             }
         });
         let r = self.with(py, |p| p.close_scope(scope)).py_err(py)?;
