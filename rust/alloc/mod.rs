@@ -2765,7 +2765,9 @@ impl Pool {
     pub fn free_batch(&mut self, ptrs: &[u64]) -> Result<()> {
         self.open()?;
         if let Some(rec) = self.take_batch_record(ptrs) {
-            self.release_batch(rec.into_iter().map(|e| e.1));
+            if !self.release_adjacent(&rec) {
+                self.release_batch(rec.into_iter().map(|e| e.1));
+            }
             return Ok(());
         }
         self.ptr_lookup();
@@ -2809,6 +2811,72 @@ impl Pool {
         }
         self.release_batch(taken.into_iter().map(|e| e.1));
         Ok(())
+    }
+
+    /// Frees the members of a batch record (checked: live, unpinned) when their blocks are
+    /// still neighbours in their order, as `batch_in_one_block` cut them: the first block
+    /// takes in the others and is freed once (one merge with the blocks around), instead of
+    /// each block marked, listed and merged in turn (`release_batch`, which a batch pair
+    /// spent a third of its time in). False, with nothing changed, when they are not
+    /// (members of an arena, a layout of several blocks) or a free must scrub.
+    fn release_adjacent(&mut self, rec: &[(u64, u32)]) -> bool {
+        let Some(&(_, a0)) = rec.first() else {
+            return false;
+        };
+        let Layout::Block(first) = self.allocs[a0 as usize].layout else {
+            return false;
+        };
+        if self.cfg.scrub {
+            return false;
+        }
+        let mut last = first;
+        let mut len = self.blocks[first as usize].len as u64;
+        for &(_, a) in &rec[1..] {
+            match self.allocs[a as usize].layout {
+                Layout::Block(b) if self.blocks[last as usize].next == b => {
+                    len += self.blocks[b as usize].len as u64;
+                    last = b;
+                }
+                _ => return false,
+            }
+        }
+        if len > MAX_BLOCK {
+            return false;
+        }
+        let (mut live, mut units) = (0, 0);
+        for &(_, a) in rec {
+            let x = &mut self.allocs[a as usize];
+            debug_assert!(x.state == State::Live && x.pins == 0);
+            live += x.size;
+            units += x.units();
+            x.generation = x.generation.wrapping_add(1);
+            x.state = State::Vacant;
+            x.layout = Layout::None;
+            self.vacant_allocs.push(a);
+        }
+        // the first block takes in the others (each a used block: in no bin)
+        let after = self.blocks[last as usize].next;
+        let mut b = self.blocks[first as usize].next;
+        while b != after {
+            let nx = self.blocks[b as usize].next;
+            self.drop_block(b);
+            b = nx;
+        }
+        let u = &mut self.blocks[first as usize];
+        u.len = len as u32;
+        u.next = after;
+        if after != NIL {
+            self.blocks[after as usize].prev = first;
+        }
+        let c = &mut self.counters;
+        c.live_bytes -= live;
+        c.frees += rec.len() as u64;
+        c.used_bytes -= units * GRANULE;
+        debug_assert_eq!(units, len, "a member's block is its rounded size");
+        self.release_block(first);
+        self.after_free();
+        self.check();
+        true
     }
 
     /// Frees the slots of a checked `free_batch`, merging each run of freed neighbours once.

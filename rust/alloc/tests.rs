@@ -176,6 +176,49 @@ fn a_batch_in_one_block_is_cut_into_independent_allocations() {
     p.validate().unwrap();
 }
 
+/// A one-block batch freed whole, in its order, is freed as one block: its first block takes
+/// in the others and merges once with the free blocks around it, leaving the pages exactly as
+/// a free of each member would. An arena's members (or a scrubbing pool's) take the general
+/// path, member by member.
+#[test]
+fn a_batch_freed_whole_merges_once() {
+    let mut p = pool(64 * MIB);
+    // live neighbours on both sides of a free hole the batch will be cut from
+    let (left, _) = p.alloc(req(10_000)).unwrap();
+    let (hole, _) = p.alloc(req(200_000)).unwrap();
+    let (_right, _) = p.alloc(req(10_000)).unwrap();
+    p.free(hole).unwrap();
+    let sizes = [1000u64, 5000, 70_000, 300];
+    let mut out = vec![];
+    p.alloc_batch(&sizes, 0, &mut out).unwrap();
+    p.free_batch(&out).unwrap();
+    let before = (unchanging(&p), p.page_snapshot());
+    for arena in [false, true] {
+        out.clear();
+        if arena {
+            p.alloc_arena(&sizes, 0, &mut out).unwrap();
+        } else {
+            p.alloc_batch(&sizes, 0, &mut out).unwrap();
+        }
+        let rec = p.take_batch_record(&out).expect("the batch's record");
+        let blocks = p.vacant_blocks.len();
+        assert_eq!(p.release_adjacent(&rec), !arena);
+        if arena {
+            p.release_batch(rec.into_iter().map(|e| e.1));
+        } else {
+            // every block but the first went, and the first merged with the hole around it
+            assert!(p.vacant_blocks.len() >= blocks + sizes.len() - 1);
+        }
+        p.validate().unwrap();
+        let mut now = unchanging(&p);
+        now.allocs = before.0.allocs;
+        now.frees = before.0.frees;
+        assert_eq!((now, p.page_snapshot()), before, "arena: {arena}");
+    }
+    p.free(left).unwrap();
+    p.validate().unwrap();
+}
+
 /// The members of a batch made in one step wait in its record, not in the pointer index; a
 /// `free_batch` of exactly those pointers, in order, is served from the record. Any other
 /// lookup by pointer indexes them first, with the same answers as ever: another order or a
