@@ -2648,18 +2648,30 @@ impl Pool {
     }
 
     /// The slots of `ptrs` when they are exactly the members of a pending batch record, in
-    /// its order, all live and unpinned; the record is then consumed. `None`, with nothing
-    /// changed, otherwise.
-    fn take_batch_record(&mut self, ptrs: &[u64]) -> Option<Vec<(u64, u32)>> {
+    /// its order, all live and unpinned; the record is then consumed. With it: whether the
+    /// members' blocks are still neighbours in their order, one block each, as
+    /// `batch_in_one_block` cut them (see `release_adjacent`; checked in the same pass).
+    /// `None`, with nothing changed, otherwise.
+    fn take_batch_record(&mut self, ptrs: &[u64]) -> Option<(Vec<(u64, u32)>, bool)> {
         let i = self.batches.iter().rposition(|r| {
             r.len() == ptrs.len() && r.first().map(|e| e.0) == ptrs.first().copied()
         })?;
-        let rec = &self.batches[i];
-        let ok = rec.iter().zip(ptrs).all(|(&(p, a), &q)| {
+        let (mut adjacent, mut last) = (true, NIL);
+        for (&(p, a), &q) in self.batches[i].iter().zip(ptrs) {
             let x = &self.allocs[a as usize];
-            p == q && x.ptr == p && x.state == State::Live && x.pins == 0
-        });
-        ok.then(|| self.batches.swap_remove(i))
+            if !(p == q && x.ptr == p && x.state == State::Live && x.pins == 0) {
+                return None;
+            }
+            if adjacent {
+                match x.layout {
+                    Layout::Block(b) if last == NIL || self.blocks[last as usize].next == b => {
+                        last = b
+                    }
+                    _ => adjacent = false,
+                }
+            }
+        }
+        Some((self.batches.swap_remove(i), adjacent))
     }
 
     /// `n` allocations of a batch made at once: `live` bytes asked, `used` bytes held.
@@ -2764,8 +2776,10 @@ impl Pool {
     /// named once).
     pub fn free_batch(&mut self, ptrs: &[u64]) -> Result<()> {
         self.open()?;
-        if let Some(rec) = self.take_batch_record(ptrs) {
-            if !self.release_adjacent(&rec) {
+        if let Some((rec, adjacent)) = self.take_batch_record(ptrs) {
+            if adjacent && !self.cfg.scrub {
+                self.release_adjacent(&rec);
+            } else {
                 self.release_batch(rec.into_iter().map(|e| e.1));
             }
             return Ok(());
@@ -2813,57 +2827,40 @@ impl Pool {
         Ok(())
     }
 
-    /// Frees the members of a batch record (checked: live, unpinned) when their blocks are
-    /// still neighbours in their order, as `batch_in_one_block` cut them: the first block
-    /// takes in the others and is freed once (one merge with the blocks around), instead of
-    /// each block marked, listed and merged in turn (`release_batch`, which a batch pair
-    /// spent a third of its time in). False, with nothing changed, when they are not
-    /// (members of an arena, a layout of several blocks) or a free must scrub.
-    fn release_adjacent(&mut self, rec: &[(u64, u32)]) -> bool {
-        let Some(&(_, a0)) = rec.first() else {
-            return false;
+    /// Frees the members of a batch record (checked: live, unpinned) whose blocks are still
+    /// neighbours in their order, as `batch_in_one_block` cut them: the first block takes in
+    /// the others and is freed once (one merge with the blocks around), instead of each block
+    /// marked, listed and merged in turn (`release_batch`, where a batch pair spent a third
+    /// of its time). One pass over the members.
+    fn release_adjacent(&mut self, rec: &[(u64, u32)]) {
+        let Layout::Block(first) = self.allocs[rec[0].1 as usize].layout else {
+            unreachable!("checked by take_batch_record")
         };
-        let Layout::Block(first) = self.allocs[a0 as usize].layout else {
-            return false;
-        };
-        if self.cfg.scrub {
-            return false;
-        }
-        let mut last = first;
-        let mut len = self.blocks[first as usize].len as u64;
-        for &(_, a) in &rec[1..] {
-            match self.allocs[a as usize].layout {
-                Layout::Block(b) if self.blocks[last as usize].next == b => {
-                    len += self.blocks[b as usize].len as u64;
-                    last = b;
-                }
-                _ => return false,
-            }
-        }
-        if len > MAX_BLOCK {
-            return false;
-        }
-        let (mut live, mut units) = (0, 0);
-        for &(_, a) in rec {
+        let (mut live, mut units, mut last) = (0, 0, first);
+        for (k, &(_, a)) in rec.iter().enumerate() {
             let x = &mut self.allocs[a as usize];
             debug_assert!(x.state == State::Live && x.pins == 0);
             live += x.size;
             units += x.units();
             x.generation = x.generation.wrapping_add(1);
             x.state = State::Vacant;
-            x.layout = Layout::None;
+            let Layout::Block(b) = std::mem::replace(&mut x.layout, Layout::None) else {
+                unreachable!("checked by take_batch_record")
+            };
             self.vacant_allocs.push(a);
+            if k > 0 {
+                // a used block (in no bin); dropping it keeps its `next`, read below
+                self.drop_block(b);
+                last = b;
+            }
         }
-        // the first block takes in the others (each a used block: in no bin)
+        debug_assert!(
+            units <= MAX_BLOCK,
+            "a batch in one block is at most MAX_BLOCK"
+        );
         let after = self.blocks[last as usize].next;
-        let mut b = self.blocks[first as usize].next;
-        while b != after {
-            let nx = self.blocks[b as usize].next;
-            self.drop_block(b);
-            b = nx;
-        }
         let u = &mut self.blocks[first as usize];
-        u.len = len as u32;
+        u.len = units as u32;
         u.next = after;
         if after != NIL {
             self.blocks[after as usize].prev = first;
@@ -2872,11 +2869,9 @@ impl Pool {
         c.live_bytes -= live;
         c.frees += rec.len() as u64;
         c.used_bytes -= units * GRANULE;
-        debug_assert_eq!(units, len, "a member's block is its rounded size");
         self.release_block(first);
         self.after_free();
         self.check();
-        true
     }
 
     /// Frees the slots of a checked `free_batch`, merging each run of freed neighbours once.

@@ -200,12 +200,13 @@ fn a_batch_freed_whole_merges_once() {
         } else {
             p.alloc_batch(&sizes, 0, &mut out).unwrap();
         }
-        let rec = p.take_batch_record(&out).expect("the batch's record");
+        let (rec, adjacent) = p.take_batch_record(&out).expect("the batch's record");
         let blocks = p.vacant_blocks.len();
-        assert_eq!(p.release_adjacent(&rec), !arena);
+        assert_eq!(adjacent, !arena);
         if arena {
             p.release_batch(rec.into_iter().map(|e| e.1));
         } else {
+            p.release_adjacent(&rec);
             // every block but the first went, and the first merged with the hole around it
             assert!(p.vacant_blocks.len() >= blocks + sizes.len() - 1);
         }
