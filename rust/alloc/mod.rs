@@ -359,6 +359,17 @@ enum Layout {
     Member(u32),
 }
 
+/// How the members of a batch record lie, for `free_batch` (see `take_batch_record`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Record {
+    /// One block each, neighbours in their order (a batch placed in one block).
+    Adjacent,
+    /// All the members of arena (group) slot `g`.
+    Group(u32),
+    /// Anything else.
+    Scattered,
+}
+
 #[derive(Clone, Debug, Default)]
 struct Stitch {
     /// A free block that ended at its page's end (NIL: none).
@@ -2648,30 +2659,44 @@ impl Pool {
     }
 
     /// The slots of `ptrs` when they are exactly the members of a pending batch record, in
-    /// its order, all live and unpinned; the record is then consumed. With it: whether the
-    /// members' blocks are still neighbours in their order, one block each, as
-    /// `batch_in_one_block` cut them (see `release_adjacent`; checked in the same pass).
-    /// `None`, with nothing changed, otherwise.
-    fn take_batch_record(&mut self, ptrs: &[u64]) -> Option<(Vec<(u64, u32)>, bool)> {
+    /// its order, all live and unpinned; the record is then consumed. With it, found in the
+    /// same pass: how its members lie (`Record`). `None`, with nothing changed, otherwise.
+    fn take_batch_record(&mut self, ptrs: &[u64]) -> Option<(Vec<(u64, u32)>, Record)> {
         let i = self.batches.iter().rposition(|r| {
             r.len() == ptrs.len() && r.first().map(|e| e.0) == ptrs.first().copied()
         })?;
-        let (mut adjacent, mut last) = (true, NIL);
+        let (mut shape, mut last) = (None, NIL);
         for (&(p, a), &q) in self.batches[i].iter().zip(ptrs) {
             let x = &self.allocs[a as usize];
             if !(p == q && x.ptr == p && x.state == State::Live && x.pins == 0) {
                 return None;
             }
-            if adjacent {
-                match x.layout {
-                    Layout::Block(b) if last == NIL || self.blocks[last as usize].next == b => {
-                        last = b
-                    }
-                    _ => adjacent = false,
+            shape = match (shape, x.layout) {
+                (None, Layout::Block(b)) => {
+                    last = b;
+                    Some(Record::Adjacent)
                 }
-            }
+                (Some(Record::Adjacent), Layout::Block(b))
+                    if self.blocks[last as usize].next == b =>
+                {
+                    last = b;
+                    shape
+                }
+                (None, Layout::Member(g)) => Some(Record::Group(g)),
+                (Some(Record::Group(g)), Layout::Member(h)) if g == h => shape,
+                _ => Some(Record::Scattered),
+            };
         }
-        Some((self.batches.swap_remove(i), adjacent))
+        let shape = match shape {
+            // the whole group: no member of it freed before (which `unindex` would have
+            // flushed the record for anyway)
+            Some(Record::Group(g)) if self.allocs[g as usize].members as usize == ptrs.len() => {
+                Record::Group(g)
+            }
+            Some(Record::Adjacent) => Record::Adjacent,
+            _ => Record::Scattered,
+        };
+        Some((self.batches.swap_remove(i), shape))
     }
 
     /// `n` allocations of a batch made at once: `live` bytes asked, `used` bytes held.
@@ -2776,11 +2801,11 @@ impl Pool {
     /// named once).
     pub fn free_batch(&mut self, ptrs: &[u64]) -> Result<()> {
         self.open()?;
-        if let Some((rec, adjacent)) = self.take_batch_record(ptrs) {
-            if adjacent && !self.cfg.scrub {
-                self.release_adjacent(&rec);
-            } else {
-                self.release_batch(rec.into_iter().map(|e| e.1));
+        if let Some((rec, shape)) = self.take_batch_record(ptrs) {
+            match shape {
+                Record::Adjacent if !self.cfg.scrub => self.release_adjacent(&rec),
+                Record::Group(g) if !self.cfg.scrub => self.release_group(&rec, g),
+                _ => self.release_batch(rec.into_iter().map(|e| e.1)),
             }
             return Ok(());
         }
@@ -2836,24 +2861,17 @@ impl Pool {
         let Layout::Block(first) = self.allocs[rec[0].1 as usize].layout else {
             unreachable!("checked by take_batch_record")
         };
-        let (mut live, mut units, mut last) = (0, 0, first);
-        for (k, &(_, a)) in rec.iter().enumerate() {
-            let x = &mut self.allocs[a as usize];
-            debug_assert!(x.state == State::Live && x.pins == 0);
-            live += x.size;
-            units += x.units();
-            x.generation = x.generation.wrapping_add(1);
-            x.state = State::Vacant;
-            let Layout::Block(b) = std::mem::replace(&mut x.layout, Layout::None) else {
+        let mut last = first;
+        let units = self.vacate_members(rec, |p, k, layout| {
+            let Layout::Block(b) = layout else {
                 unreachable!("checked by take_batch_record")
             };
-            self.vacant_allocs.push(a);
             if k > 0 {
                 // a used block (in no bin); dropping it keeps its `next`, read below
-                self.drop_block(b);
+                p.drop_block(b);
                 last = b;
             }
-        }
+        });
         debug_assert!(
             units <= MAX_BLOCK,
             "a batch in one block is at most MAX_BLOCK"
@@ -2865,13 +2883,54 @@ impl Pool {
         if after != NIL {
             self.blocks[after as usize].prev = first;
         }
-        let c = &mut self.counters;
-        c.live_bytes -= live;
-        c.frees += rec.len() as u64;
-        c.used_bytes -= units * GRANULE;
+        self.counters.used_bytes -= units * GRANULE;
         self.release_block(first);
         self.after_free();
         self.check();
+    }
+
+    /// Frees every member of arena `g` (a checked record of all of them): the slots in one
+    /// pass, then the arena's memory once (as `unplace` does when its last member goes).
+    fn release_group(&mut self, rec: &[(u64, u32)], g: u32) {
+        self.vacate_members(rec, |_, _, layout| {
+            debug_assert_eq!(layout, Layout::Member(g))
+        });
+        let x = &mut self.allocs[g as usize];
+        x.members = 0;
+        let (units, layout) = (x.units(), std::mem::replace(&mut x.layout, Layout::None));
+        x.state = State::Vacant;
+        x.generation = x.generation.wrapping_add(1);
+        self.unplace(layout);
+        self.vacant_allocs.push(g);
+        self.counters.used_bytes -= units * GRANULE;
+        self.after_free();
+        self.check();
+    }
+
+    /// The slots of a checked batch record become vacant (their live bytes and frees
+    /// counted); `each(pool, k, layout)` sees the layout the `k`th had. Returns the members'
+    /// rounded sizes, summed, in granules.
+    #[inline]
+    fn vacate_members(
+        &mut self,
+        rec: &[(u64, u32)],
+        mut each: impl FnMut(&mut Self, usize, Layout),
+    ) -> u64 {
+        let (mut live, mut units) = (0, 0);
+        for (k, &(_, a)) in rec.iter().enumerate() {
+            let x = &mut self.allocs[a as usize];
+            debug_assert!(x.state == State::Live && x.pins == 0);
+            live += x.size;
+            units += x.units();
+            x.generation = x.generation.wrapping_add(1);
+            x.state = State::Vacant;
+            let layout = std::mem::replace(&mut x.layout, Layout::None);
+            self.vacant_allocs.push(a);
+            each(self, k, layout);
+        }
+        self.counters.live_bytes -= live;
+        self.counters.frees += rec.len() as u64;
+        units
     }
 
     /// Frees the slots of a checked `free_batch`, merging each run of freed neighbours once.

@@ -178,8 +178,8 @@ fn a_batch_in_one_block_is_cut_into_independent_allocations() {
 
 /// A one-block batch freed whole, in its order, is freed as one block: its first block takes
 /// in the others and merges once with the free blocks around it, leaving the pages exactly as
-/// a free of each member would. An arena's members (or a scrubbing pool's) take the general
-/// path, member by member.
+/// a free of each member would. An arena freed whole gives its memory back once, after its
+/// members' slots.
 #[test]
 fn a_batch_freed_whole_merges_once() {
     let mut p = pool(64 * MIB);
@@ -200,12 +200,15 @@ fn a_batch_freed_whole_merges_once() {
         } else {
             p.alloc_batch(&sizes, 0, &mut out).unwrap();
         }
-        let (rec, adjacent) = p.take_batch_record(&out).expect("the batch's record");
+        let (rec, shape) = p.take_batch_record(&out).expect("the batch's record");
         let blocks = p.vacant_blocks.len();
-        assert_eq!(adjacent, !arena);
         if arena {
-            p.release_batch(rec.into_iter().map(|e| e.1));
+            let Record::Group(g) = shape else {
+                panic!("an arena's record is its group, not {shape:?}")
+            };
+            p.release_group(&rec, g);
         } else {
+            assert_eq!(shape, Record::Adjacent);
             p.release_adjacent(&rec);
             // every block but the first went, and the first merged with the hole around it
             assert!(p.vacant_blocks.len() >= blocks + sizes.len() - 1);
