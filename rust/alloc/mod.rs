@@ -1705,13 +1705,7 @@ impl Pool {
                 x.members -= 1;
                 if x.members == 0 {
                     // the last member: the group's memory goes back
-                    let (units, layout) =
-                        (x.units(), std::mem::replace(&mut x.layout, Layout::None));
-                    x.state = State::Vacant;
-                    x.generation = x.generation.wrapping_add(1);
-                    self.unplace(layout);
-                    self.vacant_allocs.push(g);
-                    self.counters.used_bytes -= units * GRANULE;
+                    self.release_group_memory(g);
                 }
             }
             Layout::Block(b) => self.release_block(b),
@@ -2895,16 +2889,22 @@ impl Pool {
         self.vacate_members(rec, |_, _, layout| {
             debug_assert_eq!(layout, Layout::Member(g))
         });
+        self.allocs[g as usize].members = 0;
+        self.release_group_memory(g);
+        self.after_free();
+        self.check();
+    }
+
+    /// Arena `g`, whose members are all freed, gives its memory back; its slot is vacant.
+    fn release_group_memory(&mut self, g: u32) {
         let x = &mut self.allocs[g as usize];
-        x.members = 0;
+        debug_assert!(x.state == State::Group && x.members == 0);
         let (units, layout) = (x.units(), std::mem::replace(&mut x.layout, Layout::None));
         x.state = State::Vacant;
         x.generation = x.generation.wrapping_add(1);
         self.unplace(layout);
         self.vacant_allocs.push(g);
         self.counters.used_bytes -= units * GRANULE;
-        self.after_free();
-        self.check();
     }
 
     /// The slots of a checked batch record become vacant (their live bytes and frees
