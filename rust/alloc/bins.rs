@@ -2,9 +2,12 @@
 //! the page-run allocator and the virtual-range allocator, and the latency histogram.
 //!
 //! A size is a count of units (256 B granules for blocks, pages for runs). Bins are laid out
-//! like a small float with a 3-bit mantissa: counts 0..8 have a bin each; above that every
-//! power of two is cut in 8 equal steps. So a bin's lower bound is within 12.5 % of every
-//! size in it, and `u32::MAX` units fall in bin 239.
+//! like a small float with a 4-bit mantissa: counts 0..16 have a bin each; above that every
+//! power of two is cut in 16 equal steps. So a bin's lower bound is within 6.25 % of every
+//! size in it, and `u32::MAX` units fall in bin 463. (A 3-bit mantissa, 8 steps, until the
+//! sixth session: with 16 the head of the first bin whose items all fit is close enough that
+//! the heap's good fit no longer walks its own bin, and fill to failure and the traces'
+//! reserve improved as well; benches/RESULTS.md.)
 //!
 //! Items are linked through caller-owned [`Link`]s (one per item and index, reached through
 //! [`LinkRead`] / [`LinkWrite`]), so the lists need no memory of their own, an item can sit in
@@ -15,19 +18,19 @@
 /// "No item": the end of a list, an absent link.
 pub const NIL: u32 = u32::MAX;
 
-const MANTISSA_BITS: u32 = 3;
+const MANTISSA_BITS: u32 = 4;
 const MANTISSA: u32 = 1 << MANTISSA_BITS;
 
-/// Bins 0..=239; `bin_of(u32::MAX)` is 239.
-pub const NUM_BINS: usize = 240;
+/// Bins 0..=463; `bin_of(u32::MAX)` is 463.
+pub const NUM_BINS: usize = ((32 - MANTISSA_BITS + 1) * MANTISSA) as usize;
 const NUM_WORDS: usize = NUM_BINS.div_ceil(64);
 
 /// The bin of `n` units, rounding down: the highest bin whose lower bound is at most `n`.
 ///
-/// Below 8 a count is its own bin. Otherwise, with `e = floor(log2 n)`, the bin is
-/// `(e - 2) * 8` plus the 3 bits under the leading one. Worked example: `n = 18 = 0b10010`,
-/// `e = 4`, the bits under the leading one are `001`, so the bin is `2 * 8 + 1 = 17`, whose
-/// lower bound is `0b1001 << 1 = 18`.
+/// Below 16 a count is its own bin. Otherwise, with `e = floor(log2 n)`, the bin is
+/// `(e - 3) * 16` plus the 4 bits under the leading one. Worked example: `n = 37 = 0b100101`,
+/// `e = 5`, the bits under the leading one are `0010`, so the bin is `2 * 16 + 2 = 34`, whose
+/// lower bound is `0b10010 << 1 = 36`.
 #[inline]
 pub fn bin_of(n: u32) -> usize {
     if n < MANTISSA {
@@ -244,7 +247,7 @@ impl Bins {
         size: impl Fn(u32) -> u32,
     ) -> Option<u32> {
         let own = bin_of(n);
-        if bin_lower(own) != n {
+        if scan > 0 && bin_lower(own) != n {
             let fit = self.iter(links, own).take(scan).find(|&i| size(i) >= n);
             if fit.is_some() {
                 return fit;
@@ -281,8 +284,9 @@ mod tests {
 
     #[test]
     fn bins_round_trip() {
-        assert_eq!(bin_of(18), 17);
-        assert_eq!(bin_lower(17), 18);
+        assert_eq!(bin_of(37), 34);
+        assert_eq!(bin_lower(34), 36);
+        assert_eq!(bin_of(18), 18);
         assert_eq!(bin_of(u32::MAX), NUM_BINS - 1);
         for b in 0..NUM_BINS {
             assert_eq!(bin_of(bin_lower(b)), b, "bin {b}");
@@ -292,9 +296,9 @@ mod tests {
             assert!(bin_lower(b) <= n);
             assert!(b + 1 == NUM_BINS || bin_lower(b + 1) > n);
             assert!(bin_lower(bin_up(n)) >= n);
-            // a bin spans at most 1/8 of its lower bound
-            if n >= 8 {
-                assert!((bin_lower(b + 1) - bin_lower(b)) * 8 <= bin_lower(b));
+            // a bin spans at most 1/16 of its lower bound
+            if n >= MANTISSA {
+                assert!((bin_lower(b + 1) - bin_lower(b)) * MANTISSA <= bin_lower(b));
             }
         }
     }

@@ -54,6 +54,7 @@ mod cache;
 mod ptrmap;
 pub mod runs;
 mod stats;
+mod table;
 #[cfg(test)]
 mod tests;
 
@@ -73,6 +74,7 @@ use bins::{bin_of, Bins, Link, LinkRead, LinkWrite, NIL, NUM_BINS};
 use cache::{Lookup, SizeCache};
 use ptrmap::PtrMap;
 use runs::Runs;
+use table::Table;
 
 pub use stats::{Histogram, PageSnapshot, PoolStats};
 
@@ -89,6 +91,13 @@ const WINDOW_CACHE: usize = 64;
 
 /// How many items of a request's own bin a good-fit search looks at.
 const SCAN: usize = 8;
+/// The same for a small request in the heap pages: none, it takes the head of the first bin
+/// whose blocks all hold it (within 1/16 of its size). Walking the own bin is a chain of
+/// dependent loads; with 16 bins a power of two instead of 8 the walk no longer paid for
+/// itself: mixed churn pair 103.5 → 101 ns in the profiling loop, fill to failure 99.65 % (8
+/// candidates) → 99.63 % (none), against 99.62 % with 8 bins and 8 candidates
+/// (benches/RESULTS.md, sixth session).
+const HEAP_SCAN: usize = 0;
 /// The same for a request placed in a free block of a large segment: 2 instead of 8 left the
 /// fill to failure and the traces' reserve unchanged and saved 1–2 ns a mixed churn pair; 0
 /// raised resnet50's peak reserved ÷ peak live from 1.0137 to 1.0211 (benches/RESULTS.md).
@@ -273,8 +282,7 @@ struct Block {
     heap: bool,
     /// Free and binned: its primary bin and secondary bins (`SUFFIX`, `PREFIX` or 0), as
     /// computed when it went in, so that taking it out does not compute them again.
-    bin: u8,
-    sec: u8,
+    binsec: u16,
     /// Free: links in the primary bins (heap or large). Used: `prev` is the owner's slot.
     links: Link,
 }
@@ -283,6 +291,17 @@ const _: () = assert!(std::mem::size_of::<Block>() == 32);
 const _: () = assert!(std::mem::size_of::<Alloc>() == 64);
 
 impl Block {
+    /// The primary bin it was filed under (free and binned).
+    #[inline(always)]
+    fn bin(&self) -> usize {
+        (self.binsec & 0xfff) as usize
+    }
+
+    /// Its secondary bins (`SUFFIX`, `PREFIX` or 0).
+    #[inline(always)]
+    fn sec(&self) -> usize {
+        (self.binsec >> 12) as usize
+    }
     /// The allocation a used block belongs to.
     #[inline]
     fn owner(&self) -> u32 {
@@ -307,8 +326,8 @@ fn bin_op<L: LinkWrite + ?Sized>(
 }
 
 /// The primary links of every block, for [`Bins`].
-struct BlockLinks<'a>(&'a mut [Block]);
-struct BlockLinksRef<'a>(&'a [Block]);
+struct BlockLinks<'a>(&'a mut Table<Block>);
+struct BlockLinksRef<'a>(&'a Table<Block>);
 
 impl LinkRead for BlockLinks<'_> {
     #[inline]
@@ -477,9 +496,9 @@ pub struct Pool {
     /// that opening or freeing a segment of many pages writes one byte a page (with one
     /// 16-byte record a page, the two page walks of a batch placed in one segment were 5 %
     /// of a batch pair).
-    pages: Vec<PageKind>,
-    page_first: Vec<u32>,
-    page_chunk: Vec<u64>,
+    pages: Table<PageKind>,
+    page_first: Table<u32>,
+    page_chunk: Table<u64>,
     free_pages: Runs,
     window_base: u64,
     window_bytes: u64,
@@ -497,9 +516,9 @@ pub struct Pool {
     journal: Vec<Change>,
     /// A batch is being placed: its requests keep the journal for the batch.
     batching: bool,
-    blocks: Vec<Block>,
+    blocks: Table<Block>,
     /// The secondary bin links of each block (see [`Block`]).
-    sec_links: Vec<Link>,
+    sec_links: Table<Link>,
     vacant_blocks: Vec<u32>,
     /// Primary bins of free blocks, indexed by `Block::heap` (`LARGE`, `HEAP`); secondary bins
     /// of free large blocks at a segment's end (`SUFFIX`) or start (`PREFIX`; index 0 unused).
@@ -507,7 +526,7 @@ pub struct Pool {
     /// benches/RESULTS.md.)
     primary: [Bins; 2],
     secondary: [Bins; 3],
-    allocs: Vec<Alloc>,
+    allocs: Table<Alloc>,
     vacant_allocs: Vec<u32>,
     stitches: Vec<Stitch>,
     vacant_stitches: Vec<u32>,
@@ -617,9 +636,9 @@ impl Pool {
             small_units: cfg.small_threshold.div_ceil(GRANULE),
             slack_units: (cfg.tail_slack / GRANULE) as u32,
             direct_base: backend.direct_base(),
-            pages: vec![PageKind::Absent; num_pages as usize],
-            page_first: vec![NIL; num_pages as usize],
-            page_chunk: vec![0; num_pages as usize],
+            pages: vec![PageKind::Absent; num_pages as usize].into(),
+            page_first: vec![NIL; num_pages as usize].into(),
+            page_chunk: vec![0; num_pages as usize].into(),
             free_pages: Runs::new(num_pages),
             window_base,
             window_bytes,
@@ -629,12 +648,12 @@ impl Pool {
             eager: cfg.release_threshold.is_some(),
             journal: Vec::new(),
             batching: false,
-            blocks: Vec::new(),
-            sec_links: Vec::new(),
+            blocks: Table::new(),
+            sec_links: Table::new(),
             vacant_blocks: Vec::new(),
             primary: Default::default(),
             secondary: Default::default(),
-            allocs: Vec::new(),
+            allocs: Table::new(),
             vacant_allocs: Vec::new(),
             stitches: Vec::new(),
             vacant_stitches: Vec::new(),
@@ -917,18 +936,17 @@ impl Pool {
         }
         let (bin, sec, heap) = if INSERT {
             let (bin, sec) = (bin_of(blk.len), Self::secondary_of(blk));
-            blk.bin = bin as u8;
-            blk.sec = sec as u8;
+            blk.binsec = (bin | sec << 12) as u16;
             (bin, sec, blk.heap)
         } else {
-            (blk.bin as usize, blk.sec as usize, blk.heap)
+            (blk.bin(), blk.sec(), blk.heap)
         };
         let primary = &mut self.primary[heap as usize];
         bin_op(primary, &mut BlockLinks(&mut self.blocks), b, bin, INSERT);
         if sec != 0 {
             bin_op(
                 &mut self.secondary[sec],
-                &mut self.sec_links[..],
+                &mut self.sec_links,
                 b,
                 bin,
                 INSERT,
@@ -961,8 +979,7 @@ impl Pool {
             next: NIL,
             free: true,
             heap: kind == PageKind::Heap,
-            bin: 0,
-            sec: 0,
+            binsec: 0,
             links: Link::UNLINKED,
         });
         self.page_to(p, kind, b);
@@ -984,8 +1001,7 @@ impl Pool {
                 next: b,
                 free: true,
                 heap: blk.heap,
-                bin: 0,
-                sec: 0,
+                binsec: 0,
                 links: Link::UNLINKED,
             });
             if blk.prev != NIL {
@@ -1007,8 +1023,7 @@ impl Pool {
                 next: blk.next,
                 free: true,
                 heap: blk.heap,
-                bin: 0,
-                sec: 0,
+                binsec: 0,
                 links: Link::UNLINKED,
             });
             if blk.next != NIL {
@@ -1158,8 +1173,7 @@ impl Pool {
                 next: blk.next,
                 free: true,
                 heap: false,
-                bin: 0,
-                sec: 0,
+                binsec: 0,
                 links: Link::UNLINKED,
             };
             let r = if spare != NIL {
@@ -1373,9 +1387,12 @@ impl Pool {
     /// to out of memory): a free block of a large page will do too.
     #[inline]
     fn place_small(&mut self, units: u32, a: u32, relaxed: bool) -> Option<Layout> {
-        if let Some(b) =
-            self.primary[HEAP].find_fit(&BlockLinksRef(&self.blocks), units, SCAN, self.block_len())
-        {
+        if let Some(b) = self.primary[HEAP].find_fit(
+            &BlockLinksRef(&self.blocks),
+            units,
+            HEAP_SCAN,
+            self.block_len(),
+        ) {
             self.remove_free(b);
             return Some(Layout::Block(self.carve(b, 0, units, a)));
         }
@@ -1435,7 +1452,7 @@ impl Pool {
         let mut tail = NIL;
         if t > 0 {
             if let Some(b) =
-                self.secondary[PREFIX].find_fit(&self.sec_links[..], t, SCAN, self.block_len())
+                self.secondary[PREFIX].find_fit(&self.sec_links, t, SCAN, self.block_len())
             {
                 if self.blocks[b as usize].len - t <= self.slack_units {
                     tail = b;
@@ -1453,7 +1470,7 @@ impl Pool {
             let mut ok = false;
             if fresh_tail {
                 if let Some(b) =
-                    self.secondary[PREFIX].find_fit(&self.sec_links[..], t, SCAN, self.block_len())
+                    self.secondary[PREFIX].find_fit(&self.sec_links, t, SCAN, self.block_len())
                 {
                     tail = b;
                     need -= 1;
@@ -1590,7 +1607,7 @@ impl Pool {
     fn pick_head(&self, units: u64) -> u32 {
         let n = units.min(u32::MAX as u64) as u32;
         self.secondary[SUFFIX]
-            .find_at_most(&self.sec_links[..], n, SCAN, self.block_len())
+            .find_at_most(&self.sec_links, n, SCAN, self.block_len())
             .filter(|&b| self.blocks[b as usize].len <= n)
             .unwrap_or(NIL)
     }
@@ -2567,8 +2584,7 @@ impl Pool {
                 next: NIL,
                 free: false,
                 heap: whole.heap,
-                bin: 0,
-                sec: 0,
+                binsec: 0,
                 links: Link { prev: a, next: NIL },
             };
             let id = if i == 0 {

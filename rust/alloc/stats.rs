@@ -5,7 +5,7 @@ use super::bins::{bin_lower, bin_of, NUM_BINS};
 use super::*;
 
 /// An HDR-style latency histogram: the bins of [`bin_of`] over nanoseconds, so every
-/// recorded value is known to within 12.5 %.
+/// recorded value is known to within 6.25 %.
 #[derive(Clone, Debug)]
 pub struct Histogram {
     counts: Vec<u64>,
@@ -448,9 +448,9 @@ impl Pool {
                     if blk.page == NIL
                         || !blk.free
                         || bin_of(blk.len) != b
-                        || blk.bin as usize != b
-                        || sec.is_some_and(|s| blk.sec as usize != s)
-                        || blk.sec as usize != Self::secondary_of(blk)
+                        || blk.bin() != b
+                        || sec.is_some_and(|s| blk.sec() != s)
+                        || blk.sec() != Self::secondary_of(blk)
                     {
                         return Err(format!("block {i} wrongly binned: {blk:?}"));
                     }
@@ -462,7 +462,7 @@ impl Pool {
             }
             Ok(())
         };
-        let (l0, l1) = (BlockLinksRef(&self.blocks), &self.sec_links[..]);
+        let (l0, l1) = (BlockLinksRef(&self.blocks), &self.sec_links);
         binned(&self.primary[HEAP], &l0, Some(true), None)?;
         binned(&self.primary[LARGE], &l0, Some(false), None)?;
         binned(&self.secondary[SUFFIX], &l1, Some(false), Some(SUFFIX))?;
