@@ -99,23 +99,25 @@ impl SizeCache {
         let retry = std::mem::replace(&mut self.retry, false);
         let i = way(u);
         let w = &mut self.ways[i];
-        if w.units == u {
+        let (same, empty) = (w.units == u, w.len == 0);
+        if same & !empty {
             w.misses = 0;
-            if w.len > 0 {
-                w.len -= 1;
-                self.len -= 1;
-                return Lookup::Hit(self.slots[i][w.len as usize]);
-            }
-            w.seen |= !retry;
-        } else if w.len == 0 {
-            w.units = u;
-            w.seen = false;
-            w.misses = 0;
-        } else if !retry {
-            w.misses += 1;
-            if w.misses >= MAX_MISSES {
-                return Lookup::Stale(i);
-            }
+            w.len -= 1;
+            self.len -= 1;
+            return Lookup::Hit(self.slots[i][w.len as usize]);
+        }
+        // A miss, without branches on the way's state (whether it held this size, or was
+        // empty, is as random as the sizes asked for; a branch on each mispredicted about
+        // once a request on the mixed churn): the way asked of its own size again is `seen`;
+        // an empty way takes up the size; a way holding another size counts a miss, and is
+        // stale after `MAX_MISSES` in a row.
+        let other = !same & !empty;
+        w.seen = (same & (w.seen | !retry)) | (other & w.seen);
+        w.units = if same | other { w.units } else { u };
+        let counted = w.misses + (!retry) as u8;
+        w.misses = if other { counted } else { 0 };
+        if other & (w.misses >= MAX_MISSES) {
+            return Lookup::Stale(i);
         }
         Lookup::Miss
     }
@@ -147,7 +149,8 @@ impl SizeCache {
         };
         let i = way(u);
         let w = &mut self.ways[i];
-        if w.units != u || !w.seen || w.len as usize == DEPTH {
+        // one branch, not three (`|`, not `||`: each condition alone is unpredictable)
+        if (w.units != u) | !w.seen | (w.len as usize == DEPTH) {
             return false;
         }
         self.slots[i][w.len as usize] = slot;

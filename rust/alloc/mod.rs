@@ -1127,7 +1127,7 @@ impl Pool {
                 self.evacuating = NIL;
             }
             self.pages_free(u.page, u.len >> self.gshift);
-        } else if !u.heap && self.eager {
+        } else if self.eager && !u.heap {
             let _ = self.split_out(b);
         } else {
             self.insert_free(b);
