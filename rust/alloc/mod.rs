@@ -915,15 +915,10 @@ impl Pool {
     /// segment that is one free block goes back to the free pages.)
     #[inline]
     fn secondary_of(blk: &Block) -> usize {
-        if blk.heap {
-            0
-        } else if blk.next == NIL {
-            SUFFIX
-        } else if blk.prev == NIL {
-            PREFIX
-        } else {
-            0
-        }
+        // (arithmetic, not branches: heap or large follows the random sizes)
+        let (suffix, prefix) = (blk.next == NIL, blk.prev == NIL);
+        let sec = suffix as usize * SUFFIX + (!suffix & prefix) as usize * PREFIX;
+        sec * (!blk.heap) as usize
     }
 
     /// A free block goes into (`insert`) or out of the bins its page kind and position say.
