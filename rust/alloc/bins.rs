@@ -112,8 +112,14 @@ impl LinkWrite for [Link] {
 
 /// One list head per bin and a bitmap of the non-empty bins. Invariant: bit `b` is set iff
 /// `heads[b] != NIL`.
+///
+/// `SELECT`: `push` and `remove` choose the link they store to instead of branching on the
+/// item's neighbours (see `push`). Right for the pool's blocks, whose bins follow the random
+/// sizes asked for; the page runs and the window keep the branches (`Bins<false>`): their
+/// neighbours repeat from request to request, the branches predict well, and with selects
+/// the always-stitched pair took 174 ns instead of 162.
 #[derive(Clone, Debug)]
-pub struct Bins {
+pub struct Bins<const SELECT: bool = true> {
     heads: [u32; NUM_BINS],
     bitmap: [u64; NUM_WORDS],
     len: usize,
@@ -121,7 +127,7 @@ pub struct Bins {
     spare: u32,
 }
 
-impl Default for Bins {
+impl<const SELECT: bool> Default for Bins<SELECT> {
     fn default() -> Self {
         Bins {
             heads: [NIL; NUM_BINS],
@@ -132,7 +138,7 @@ impl Default for Bins {
     }
 }
 
-impl Bins {
+impl<const SELECT: bool> Bins<SELECT> {
     /// Number of items in all bins.
     pub fn len(&self) -> usize {
         self.len
@@ -159,12 +165,16 @@ impl Bins {
             prev: NIL,
             next: head,
         };
-        let back = if head != NIL {
-            &mut links.link_mut(head).prev
-        } else {
-            &mut self.spare
-        };
-        *back = item;
+        if SELECT {
+            let back = if head != NIL {
+                &mut links.link_mut(head).prev
+            } else {
+                &mut self.spare
+            };
+            *back = item;
+        } else if head != NIL {
+            links.link_mut(head).prev = item;
+        }
         self.bitmap[bin / 64] |= 1 << (bin % 64);
         self.heads[bin] = item;
         self.len += 1;
@@ -175,19 +185,30 @@ impl Bins {
     pub fn remove<L: LinkWrite + ?Sized>(&mut self, links: &mut L, item: u32, bin: usize) {
         let Link { prev, next } = links.link(item);
         debug_assert!(prev != NIL || self.heads[bin] == item);
-        let head = &mut self.heads[bin];
-        let fwd = if prev != NIL {
-            &mut links.link_mut(prev).next
+        if SELECT {
+            let head = &mut self.heads[bin];
+            let fwd = if prev != NIL {
+                &mut links.link_mut(prev).next
+            } else {
+                head
+            };
+            *fwd = next;
+            let back = if next != NIL {
+                &mut links.link_mut(next).prev
+            } else {
+                &mut self.spare
+            };
+            *back = prev;
         } else {
-            head
-        };
-        *fwd = next;
-        let back = if next != NIL {
-            &mut links.link_mut(next).prev
-        } else {
-            &mut self.spare
-        };
-        *back = prev;
+            if prev != NIL {
+                links.link_mut(prev).next = next;
+            } else {
+                self.heads[bin] = next;
+            }
+            if next != NIL {
+                links.link_mut(next).prev = prev;
+            }
+        }
         let emptied = (prev == NIL) & (next == NIL);
         self.bitmap[bin / 64] &= !((emptied as u64) << (bin % 64));
         *links.link_mut(item) = Link::UNLINKED;
@@ -317,22 +338,43 @@ mod tests {
         }
     }
 
-    #[test]
-    fn bitmap_search() {
-        let mut bins = Bins::default();
-        let mut v = vec![Link::UNLINKED; 4];
+    fn bitmap_search_with<const SELECT: bool>() {
+        let mut bins = Bins::<SELECT>::default();
+        let mut v = vec![Link::UNLINKED; 5];
         let links = v.as_mut_slice();
         bins.push(links, 0, 3);
         bins.push(links, 1, 100);
         bins.push(links, 2, 200);
+        bins.push(links, 3, 100);
         assert_eq!(bins.first_at_or_above(0), Some(3));
         assert_eq!(bins.first_at_or_above(4), Some(100));
         assert_eq!(bins.first_at_or_above(201), None);
         assert_eq!(bins.last_at_or_below(239), Some(200));
         assert_eq!(bins.last_at_or_below(199), Some(100));
         assert_eq!(bins.last_at_or_below(2), None);
+        // the head, the tail and then the last item of a bin
+        assert_eq!(bins.iter(&*links, 100).collect::<Vec<_>>(), [3, 1]);
+        bins.remove(links, 3, 100);
+        assert_eq!(bins.iter(&*links, 100).collect::<Vec<_>>(), [1]);
+        bins.push(links, 3, 100);
         bins.remove(links, 1, 100);
+        assert_eq!(bins.iter(&*links, 100).collect::<Vec<_>>(), [3]);
+        assert_eq!(links[3], Link::UNLINKED);
+        bins.remove(links, 3, 100);
         assert_eq!(bins.first_at_or_above(4), Some(200));
         assert_eq!(bins.len(), 2);
+        // a middle item
+        bins.push(links, 1, 7);
+        bins.push(links, 3, 7);
+        bins.push(links, 4, 7);
+        bins.remove(links, 3, 7);
+        assert_eq!(bins.iter(&*links, 7).collect::<Vec<_>>(), [4, 1]);
+        assert_eq!(links[1].prev, 4);
+    }
+
+    #[test]
+    fn bitmap_search() {
+        bitmap_search_with::<true>();
+        bitmap_search_with::<false>();
     }
 }

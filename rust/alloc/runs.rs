@@ -51,7 +51,8 @@ impl LinkRead for UnitsRef<'_> {
 #[derive(Clone, Debug)]
 pub struct Runs {
     units: Vec<Unit>,
-    bins: Bins,
+    /// (branches, not selects: a run's neighbours follow the pages, which repeat)
+    bins: Bins<false>,
     free_units: u64,
 }
 
