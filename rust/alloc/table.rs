@@ -91,3 +91,26 @@ impl super::bins::LinkWrite for Table<super::bins::Link> {
         &mut self[i as usize]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Table;
+
+    #[test]
+    fn indexes_like_a_vec() {
+        let mut t: Table<u32> = vec![1, 2, 3].into();
+        t[1] = 20;
+        t.push(4);
+        assert_eq!((t[0], t[1], t[3]), (1, 20, 4));
+        assert_eq!(t.iter().sum::<u32>(), 28);
+    }
+
+    /// Debug builds (the tests, the property test) check every index.
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "out of")]
+    fn an_index_out_of_range_is_caught_in_debug_builds() {
+        let t: Table<u32> = vec![1].into();
+        let _ = t[1];
+    }
+}
