@@ -1607,12 +1607,18 @@ impl Pool {
             .unwrap_or(NIL)
     }
 
-    /// The pages of a stitched layout in mapping order, as physically consecutive segments.
-    fn segments(&self, st: &Stitch) -> SmallVec<[(u32, u32); 8]> {
-        let mut segs: SmallVec<[(u32, u32); 8]> = SmallVec::new();
-        let mut push = |p: u32, n: u32| match segs.last_mut() {
+    /// The pages of a stitched layout in mapping order, as physically consecutive segments,
+    /// each given to `seg(first page, pages)`.
+    #[inline]
+    fn for_segments(&self, st: &Stitch, mut seg: impl FnMut(u32, u32)) {
+        let mut cur: Option<(u32, u32)> = None;
+        let mut push = |p: u32, n: u32| match &mut cur {
             Some(last) if last.0 + last.1 == p => last.1 += n,
-            _ => segs.push((p, n)),
+            _ => {
+                if let Some((q, m)) = cur.replace((p, n)) {
+                    seg(q, m);
+                }
+            }
         };
         if st.head != NIL {
             // it ends its segment, so at a page boundary
@@ -1625,7 +1631,9 @@ impl Pool {
         if st.tail != NIL {
             push(self.blocks[st.tail as usize].page, 1);
         }
-        segs
+        if let Some((q, m)) = cur {
+            seg(q, m);
+        }
     }
 
     /// Gives a placed layout its address: the direct map when its pages are consecutive,
@@ -1649,17 +1657,27 @@ impl Pool {
         } else {
             self.blocks[st.head as usize].off
         };
-        let segs = self.segments(st);
-        if segs.len() == 1 {
-            return Ok(self.direct_addr(segs[0].0, head_off));
+        // (counted in place: a vector of the segments, built and moved for every stitched
+        // request, was a quarter of an always-stitched pair; it is built only to map)
+        let (mut count, mut first, mut total) = (0u32, 0u32, 0u32);
+        self.for_segments(st, |p, n| {
+            if count == 0 {
+                first = p;
+            }
+            count += 1;
+            total += n;
+        });
+        if count == 1 {
+            return Ok(self.direct_addr(first, head_off));
         }
-        let total: u32 = segs.iter().map(|s| s.1).sum();
         let w = self
             .window_take(total)
             .ok_or_else(|| Error::OutOfMemory("the pool's stitching window is exhausted".into()))?;
         let ps = self.cfg.page_size;
         let base = self.window_base + ((w as u64) << self.page_shift);
         if self.maps {
+            let mut segs: SmallVec<[(u32, u32); 8]> = SmallVec::new();
+            self.for_segments(&self.stitches[i as usize], |p, n| segs.push((p, n)));
             let mut va = base;
             for &(p, n) in &segs {
                 let len = n as u64 * ps;
