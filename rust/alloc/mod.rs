@@ -52,7 +52,7 @@
 pub mod bins;
 mod cache;
 mod ptrmap;
-pub mod runs;
+pub(crate) mod runs;
 mod stats;
 mod table;
 #[cfg(test)]

@@ -12,6 +12,7 @@
 use smallvec::SmallVec;
 
 use super::bins::{bin_of, Bins, Link, LinkRead, LinkWrite, NIL};
+use super::table::Table;
 
 /// Runs taken by `alloc_scattered`, as (start, len), in the order taken.
 pub type Taken = SmallVec<[(u32, u32); 4]>;
@@ -24,8 +25,8 @@ struct Unit {
     link: Link,
 }
 
-struct Units<'a>(&'a mut [Unit]);
-struct UnitsRef<'a>(&'a [Unit]);
+struct Units<'a>(&'a mut Table<Unit>);
+struct UnitsRef<'a>(&'a Table<Unit>);
 
 impl LinkRead for Units<'_> {
     #[inline]
@@ -50,7 +51,7 @@ impl LinkRead for UnitsRef<'_> {
 
 #[derive(Clone, Debug)]
 pub struct Runs {
-    units: Vec<Unit>,
+    units: Table<Unit>,
     /// (branches, not selects: a run's neighbours follow the pages, which repeat)
     bins: Bins<false>,
     free_units: u64,
@@ -67,7 +68,8 @@ impl Runs {
                     link: Link::UNLINKED,
                 };
                 units as usize
-            ],
+            ]
+            .into(),
             bins: Bins::default(),
             free_units: 0,
         }
@@ -79,10 +81,6 @@ impl Runs {
 
     pub fn free_units(&self) -> u64 {
         self.free_units
-    }
-
-    pub fn num_runs(&self) -> usize {
-        self.bins.len()
     }
 
     #[inline]
@@ -196,20 +194,6 @@ impl Runs {
         true
     }
 
-    /// The length of the longest free run.
-    pub fn largest(&self) -> u32 {
-        self.bins
-            .last_at_or_below(super::bins::NUM_BINS - 1)
-            .map(|b| {
-                self.bins
-                    .iter(&UnitsRef(&self.units), b)
-                    .map(|s| self.len_at(s))
-                    .max()
-                    .unwrap_or(0)
-            })
-            .unwrap_or(0)
-    }
-
     /// Every free run as (start, len), lowest start first.
     pub fn runs(&self) -> Vec<(u32, u32)> {
         let units = UnitsRef(&self.units);
@@ -248,11 +232,6 @@ impl Runs {
         let n = self.unlink(start);
         self.free_units -= n as u64;
         n
-    }
-
-    /// Is unit `i` inside a free run? O(run length) — for checks only.
-    pub fn is_free_slow(&self, i: u32) -> bool {
-        self.runs().iter().any(|&(s, l)| i >= s && i < s + l)
     }
 
     /// Checks every invariant; returns a description of the first broken one.
