@@ -288,6 +288,8 @@ struct Block {
 }
 
 const _: () = assert!(std::mem::size_of::<Block>() == 32);
+// `Block::binsec` holds a bin in its low 12 bits and the secondary bins above them
+const _: () = assert!(NUM_BINS <= 1 << 12 && PREFIX < 1 << 4);
 const _: () = assert!(std::mem::size_of::<Alloc>() == 64);
 
 impl Block {
