@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use _core::alloc::{Pool, Request};
+use _core::alloc::{Pool, PoolConfig, Request};
 use _core::replay::{model_by_name, CachingOptions};
 use common::{G, K, M};
 
@@ -143,16 +143,30 @@ fn fill(f: &mut dyn Filler, seed: u64) -> (f64, u64) {
     }
 }
 
-fn gpumm(page: u64) -> Gpumm {
-    Gpumm(common::pool(CAP, page, 0), vec![])
+fn gpumm(page: u64, small_threshold: Option<u64>) -> Gpumm {
+    let mut cfg = PoolConfig::new(page);
+    if let Some(s) = small_threshold {
+        cfg.small_threshold = s;
+    }
+    Gpumm(common::pool_with(CAP, cfg), vec![])
 }
 
 fn main() {
     let seeds = [1u64, 2, 3];
     type Make = Box<dyn Fn() -> Box<dyn Filler>>;
     let rows: Vec<(&str, Make)> = vec![
-        ("gpumm (2 MiB pages)", Box::new(|| Box::new(gpumm(2 * M)))),
-        ("gpumm (64 KiB pages)", Box::new(|| Box::new(gpumm(64 * K)))),
+        (
+            "gpumm (2 MiB pages)",
+            Box::new(|| Box::new(gpumm(2 * M, None))),
+        ),
+        (
+            "gpumm (2 MiB pages, small_threshold 128 KiB)",
+            Box::new(|| Box::new(gpumm(2 * M, Some(128 * K)))),
+        ),
+        (
+            "gpumm (64 KiB pages)",
+            Box::new(|| Box::new(gpumm(64 * K, None))),
+        ),
         (
             "offset-allocator",
             Box::new(|| {

@@ -37,12 +37,17 @@ pub fn hopper(vidmem: u64) -> Pmm {
 /// A pool of `page`-byte pages on a simulated device of `vidmem` bytes, reserving `initial`
 /// bytes when made.
 pub fn pool(vidmem: u64, page: u64, initial: u64) -> Pool {
-    let dev = Arc::new(Device {
-        pmm: Arc::new(Mutex::new(hopper(vidmem))),
-        backend: Arc::new(Simulated::new(vidmem, page).unwrap()),
-    });
     let mut cfg = PoolConfig::new(page);
     cfg.initial_size = initial;
+    pool_with(vidmem, cfg)
+}
+
+/// A pool configured by `cfg` on a simulated device of `vidmem` bytes.
+pub fn pool_with(vidmem: u64, cfg: PoolConfig) -> Pool {
+    let dev = Arc::new(Device {
+        pmm: Arc::new(Mutex::new(hopper(vidmem))),
+        backend: Arc::new(Simulated::new(vidmem, cfg.page_size).unwrap()),
+    });
     Pool::new(dev, cfg).unwrap()
 }
 

@@ -291,6 +291,39 @@ impl<const SELECT: bool> Bins<SELECT> {
         self.first_at_or_above(bin_up(n)).map(|b| self.heads[b])
     }
 
+    /// Best fit for `n` units among a bounded number of candidates: the smallest item that
+    /// holds `n` among the first `scan` of the request's own bin and the first `scan` of the
+    /// lowest non-empty bin above it (an exact fit ends the search). Slower than `find_fit`
+    /// (up to `2 × scan` items looked at instead of one): for placements under pressure.
+    pub fn find_best<L: LinkRead + ?Sized>(
+        &self,
+        links: &L,
+        n: u32,
+        scan: usize,
+        size: impl Fn(u32) -> u32,
+    ) -> Option<u32> {
+        let own = bin_of(n);
+        let mut best: Option<(u32, u32)> = None;
+        let consider = |bin: usize, best: &mut Option<(u32, u32)>| {
+            for i in self.iter(links, bin).take(scan) {
+                let s = size(i);
+                if s >= n && best.map_or(true, |(b, _)| s < b) {
+                    *best = Some((s, i));
+                    if s == n {
+                        return;
+                    }
+                }
+            }
+        };
+        consider(own, &mut best);
+        if best.map_or(true, |(s, _)| s > n) {
+            if let Some(bin) = self.first_at_or_above(own + 1) {
+                consider(bin, &mut best);
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
     /// The largest item of at most `n` units, near enough: an item of `n`'s own bin that is at
     /// most `n` (among the first `scan`), else the head of the highest bin below it.
     #[inline]
@@ -376,5 +409,42 @@ mod tests {
     fn bitmap_search() {
         bitmap_search_with::<true>();
         bitmap_search_with::<false>();
+    }
+
+    #[test]
+    fn best_fit_takes_the_smallest_item_that_holds_the_request() {
+        let n = 1000u32;
+        let own = bin_of(n);
+        assert_eq!((bin_lower(own), bin_lower(own + 1)), (992, 1024));
+        // 992 is too small; 1020 and 1003 share the request's bin; 1030 and 1100 are above it
+        let sizes = [992u32, 1020, 1003, 1030, 1100, 1000];
+        let size = |i: u32| sizes[i as usize];
+        let mut bins = Bins::<true>::default();
+        let mut v = vec![Link::UNLINKED; sizes.len()];
+        let links = v.as_mut_slice();
+        for i in [2u32, 1, 0, 3, 4] {
+            bins.push(links, i, bin_of(sizes[i as usize]));
+        }
+        assert_eq!(bins.iter(&*links, own).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(bins.find_best(&*links, n, 8, size), Some(2));
+        // the good fit takes the head of the first bin whose items all hold it
+        assert_eq!(bins.find_fit(&*links, n, 0, size), Some(3));
+        // at most `scan` items of a bin are looked at
+        assert_eq!(bins.find_best(&*links, n, 1, size), Some(3));
+        assert_eq!(bins.find_best(&*links, n, 2, size), Some(1));
+        // an exact fit
+        bins.push(links, 5, own);
+        assert_eq!(bins.find_best(&*links, n, 8, size), Some(5));
+        // nothing holds it
+        for (i, b) in [
+            (5, own),
+            (1, own),
+            (2, own),
+            (3, bin_of(1030)),
+            (4, bin_of(1100)),
+        ] {
+            bins.remove(links, i, b);
+        }
+        assert_eq!(bins.find_best(&*links, n, 8, size), None);
     }
 }

@@ -452,6 +452,49 @@ fn a_free_run_is_taken_before_a_layout_that_needs_the_window() {
     assert_eq!(p.stats().stitched, 0);
 }
 
+/// Free page ends of 0.5 and 0.75 MiB and a free page start of 1 MiB, in separate segments,
+/// then a 3.5 MiB request. Under pressure the pool pairs the 0.5 MiB end with the 1 MiB start
+/// (nothing left over); with room to spare it takes the larger end and leaves the rest.
+fn pairing_scenario(max_size: Option<u64>) -> Pool {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    cfg.small_threshold = 64 * 1024;
+    cfg.max_size = max_size;
+    let mut p = Pool::new(device(256 * MIB), cfg).unwrap();
+    let kib = |k: u64| req(k * 1024);
+    let _big = p.alloc(req(40 * MIB)).unwrap(); // pages 0-19
+    let _x1 = p.alloc(kib(1536)).unwrap(); // page 20: x1 then y1
+    let (y1, _) = p.alloc(kib(512)).unwrap();
+    let _heap = p.alloc(req(1000)).unwrap(); // page 21
+    let _x2 = p.alloc(kib(1280)).unwrap(); // page 22: x2 then y2
+    let (y2, _) = p.alloc(kib(768)).unwrap();
+    let (z1, _) = p.alloc(kib(1024)).unwrap(); // page 23: z1 then w
+    let _w = p.alloc(kib(1024)).unwrap();
+    assert_eq!(p.stats().reserved_bytes, 48 * MIB);
+    assert_eq!(p.stats().large_free_bytes, 0);
+    for id in [y1, y2, z1] {
+        p.free(id).unwrap();
+    }
+    p.flush_cache();
+    assert_eq!(p.stats().large_free_bytes, (512 + 768 + 1024) * 1024);
+    p
+}
+
+#[test]
+fn under_pressure_a_head_is_chosen_for_its_tail() {
+    // 52 MiB: 4 MiB of room left, under an eighth of the pool's limit
+    let mut p = pairing_scenario(Some(52 * MIB));
+    let (r, _) = p.alloc(req(3584 * 1024)).unwrap();
+    assert!(p.info(r).unwrap().stitched);
+    assert_eq!(p.stats().reserved_bytes, 50 * MIB);
+    assert_eq!(p.stats().large_free_bytes, 768 * 1024);
+    // with room: the largest page end, and a fresh page for the tail (or a free run)
+    let mut p = pairing_scenario(None);
+    p.alloc(req(3584 * 1024)).unwrap();
+    assert_eq!(p.stats().reserved_bytes, 52 * MIB);
+    assert_eq!(p.stats().large_free_bytes, (512 + 768 + 1024 + 512) * 1024);
+}
+
 #[test]
 fn stitching_uses_scattered_pages() {
     // A 20 MiB pool: ten 2 MiB allocations, every other freed: 10 MiB free in 2 MiB holes.
