@@ -307,7 +307,7 @@ impl<const SELECT: bool> Bins<SELECT> {
         let consider = |bin: usize, best: &mut Option<(u32, u32)>| {
             for i in self.iter(links, bin).take(scan) {
                 let s = size(i);
-                if s >= n && best.map_or(true, |(b, _)| s < b) {
+                if s >= n && best.is_none_or(|(b, _)| s < b) {
                     *best = Some((s, i));
                     if s == n {
                         return;
@@ -316,7 +316,7 @@ impl<const SELECT: bool> Bins<SELECT> {
             }
         };
         consider(own, &mut best);
-        if best.map_or(true, |(s, _)| s > n) {
+        if best.is_none_or(|(s, _)| s > n) {
             if let Some(bin) = self.first_at_or_above(own + 1) {
                 consider(bin, &mut best);
             }
