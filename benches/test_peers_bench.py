@@ -25,7 +25,7 @@ from shared_traces import TRACES, needs_shared  # noqa: E402
 GiB = 1 << 30
 LIVE = 2048
 UNIT = 256
-ROUNDS = 400
+ROUNDS = 2000
 # Pairs a timed call makes, in a plain loop (see `timed`).
 CHUNK = 100
 
