@@ -218,10 +218,9 @@ impl PyPool {
 
     /// `with` for the work of a batch of `n`: a small batch runs under the GIL when the
     /// pool's lock is free (releasing and retaking the GIL, and waking a thread that waits
-    /// for it, cost more than the work would let it do: a 1,024 batch is about 15 µs); a
-    /// larger one, or a contended lock, releases the GIL. A batch that grows the pool holds
-    /// the GIL through the device call too (at most a few of them, each well under a
-    /// millisecond).
+    /// for it, cost more than the work would let it do: a 1,024 batch pair is about 17 µs
+    /// through Python); a larger one, or a contended lock, releases the GIL. A small batch
+    /// that grows the pool holds the GIL through the device's calls too.
     fn with_bounded<T: Send>(
         &self,
         py: Python<'_>,
