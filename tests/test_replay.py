@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -132,20 +133,49 @@ def test_html_report(tmp_path):
     assert "<script" not in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("chromium-browser") is None,
-                    reason="headless Chromium (Debian's chromium package) is not installed here")
+def _chromium():
+    """How this machine can run headless Chromium: Debian's ``chromium`` binary, else Qt
+    WebEngine's Chromium (PyPI's PyQt6-WebEngine, in the test extra); None without either."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe:
+        return exe
+    try:
+        import PyQt6.QtWebEngineWidgets  # noqa: F401
+    except ImportError:
+        return None
+    return "qtwebengine"
+
+
+@pytest.mark.skipif(_chromium() is None,
+                    reason="no headless Chromium: neither Debian's chromium package nor "
+                           "PyQt6-WebEngine (pip install '.[test]') is installed")
 def test_html_report_renders_in_chromium(tmp_path):
     out = tmp_path / "r.html"
     main(["replay", demo_trace_path(), "--html", str(out), "--no-min-capacity"])
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    engine = _chromium()
     shot = tmp_path / "shot.png"
-    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu",
-                    f"--screenshot={shot}", "--window-size=1100,1400", out.as_uri()],
-                   check=True, capture_output=True, timeout=120)
-    assert shot.stat().st_size > 10_000
-    dom = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                          out.as_uri()], check=True, capture_output=True, timeout=120, text=True)
-    assert dom.stdout.count("<polyline") >= len(ALLOCATORS) + 1
+    if engine != "qtwebengine":
+        subprocess.run([engine, "--headless", "--no-sandbox", "--disable-gpu",
+                        f"--screenshot={shot}", "--window-size=1100,1400", out.as_uri()],
+                       check=True, capture_output=True, timeout=120)
+        assert shot.stat().st_size > 10_000
+        dom = subprocess.run([engine, "--headless", "--no-sandbox", "--disable-gpu",
+                              "--dump-dom", out.as_uri()],
+                             check=True, capture_output=True, timeout=120, text=True)
+        assert dom.stdout.count("<polyline") >= len(ALLOCATORS) + 1
+        return
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("chromium_render.py")),
+                        str(out), str(shot)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = json.loads(r.stdout.strip().splitlines()[-1])
+    assert page["loaded"] and "Chrome/" in page["engine"], page
+    assert page["console"] == []  # no script errors, nothing refused
+    # a line per allocator's reserve plus the live line, and every chart laid out with a size
+    assert page["polylines"] >= len(ALLOCATORS) + 1
+    assert page["svgs"] and all(w > 100 and h > 10 for w, h in page["svgs"]), page["svgs"]
+    # the screenshot holds the whole page, and something is drawn on it
+    assert page["height"] > 900 and shot.stat().st_size > 10_000
+    assert page["ink"] > 0.02, page["ink"]
 
 
 def test_console_script_replay(tmp_path):
