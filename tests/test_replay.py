@@ -13,7 +13,7 @@ import pytest
 from gpumm.cli import demo_trace_path, main
 from gpumm.errors import InvalidArgumentError
 from gpumm.replay import ALLOCATORS, prepare, replay
-from gpumm.report import explain_ooms, html_report
+from gpumm.report import _map_svg, explain_ooms, html_report
 from gpumm.traces import read_rmm_csv, read_trace
 from gpumm.units import MiB
 
@@ -131,6 +131,30 @@ def test_html_report(tmp_path):
     for name in ALLOCATORS:
         assert name in text
     assert "<script" not in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_chunk_map_merges_neighbours_and_stays_in_its_width():
+    import re
+
+    # 3,000 used pages side by side, a free page after every 40th, then a range elsewhere
+    layout, a = [], 0
+    for i in range(3000):
+        layout.append((a, 2 * MiB, True))
+        a += 2 * MiB
+        if i % 40 == 39:
+            layout.append((a, 2 * MiB, False))
+            a += 2 * MiB
+    layout.append((a + 64 * MiB, 2 * MiB, True))
+    svg = _map_svg(layout, w=960)
+    rects = [(float(x), float(w), fill) for x, w, fill in
+             re.findall(r'<rect x="([\d.]+)" y="2" width="([\d.]+)" height="22" fill="(#\w+)"', svg)]
+    # 75 times a band of 40 used pages and a free page, then the range across a gap
+    assert len(rects) == 2 * 75 + 1
+    assert [f for _, _, f in rects[:3]] == ["#2c5d8f", "#f2b36f", "#2c5d8f"]
+    assert "40 allocations" in svg
+    assert all(x + w <= 960.5 for x, w, _ in rects)
+    # in address order; a range widened to half a pixel overlaps the next by less than that
+    assert all(b[0] >= a[0] + a[1] - 0.5 for a, b in zip(rects, rects[1:]))
 
 
 def _chromium():

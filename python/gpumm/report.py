@@ -112,24 +112,43 @@ def _timeline_svg(report: Report, w: int = 960, h: int = 340) -> str:
     return "".join(parts)
 
 
+def _merge_ranges(layout: Sequence[Tuple[int, int, bool]]) -> List[Tuple[int, int, bool, int]]:
+    """Adjacent ranges of the same kind as one (start, size, used, how many): at a page's
+    width a thousand allocations side by side are one band, and drawn one by one their
+    sub-pixel rectangles left seams that paled the whole map."""
+    out: List[Tuple[int, int, bool, int]] = []
+    for a, s, used in layout:
+        if out and out[-1][2] == used and out[-1][0] + out[-1][1] == a:
+            b, t, _, n = out[-1]
+            out[-1] = (b, t + s, used, n + 1)
+        else:
+            out.append((a, s, used, 1))
+    return out
+
+
 def _map_svg(layout: Sequence[Tuple[int, int, bool]], w: int = 960, h: int = 26) -> str:
     """Ranges in address order, side by side, width by size: used dark, free light, a gap
-    where two ranges are not adjacent in memory."""
-    total = sum(s for _, s, _ in layout) or 1
-    gaps = sum(1 for (a, s, _), (b, _, _) in zip(layout, layout[1:]) if a + s != b)
-    usable = w - 2 * gaps
+    where two ranges are not adjacent in memory. Each range starts where the bytes before it
+    end (so the map never runs past its width) and is at least half a pixel wide (so a small
+    free range still shows)."""
+    ranges = _merge_ranges(layout)
+    total = sum(s for _, s, _, _ in ranges) or 1
+    gaps = sum(1 for (a, s, _, _), (b, _, _, _) in zip(ranges, ranges[1:]) if a + s != b)
+    gap = 2.0 if 2 * gaps <= w // 4 else w / 4 / gaps
+    usable = w - gap * gaps
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
              f'viewBox="0 0 {w} {h}" role="img" aria-label="chunk map">']
-    x = 0.0
-    prev_end = None
-    for a, s, used in layout:
+    done, gaps_before, prev_end = 0, 0, None
+    for a, s, used, n in ranges:
         if prev_end is not None and a != prev_end:
-            x += 2
-        width = max(usable * s / total, 0.3)
+            gaps_before += 1
+        x = usable * done / total + gap * gaps_before
+        width = max(usable * s / total, 0.5)
+        what = f"{n} allocations" if used and n > 1 else ("used" if used else "free")
         parts.append(f'<rect x="{x:.2f}" y="2" width="{width:.2f}" height="{h - 4}" '
                      f'fill="{"#2c5d8f" if used else "#f2b36f"}"><title>{a:#x} '
-                     f'{html.escape(format_size(s))} {"used" if used else "free"}</title></rect>')
-        x += width
+                     f'{html.escape(format_size(s))} {what}</title></rect>')
+        done += s
         prev_end = a + s
     parts.append("</svg>")
     return "".join(parts)
