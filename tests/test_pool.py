@@ -430,3 +430,19 @@ def test_80_gib_device_on_a_small_machine():
     assert pool.stats()["live_bytes"] == 74 << 30
     for a in allocs:
         a.free()
+
+
+def test_sizes_of_any_integer_type(pool):
+    # numpy's integers (sizes read from an array) and int subclasses, through `__index__`;
+    # floats, bools and numpy's bools stay refused (tests/test_pool_bad_input.py)
+    import enum
+
+    class Size(enum.IntEnum):
+        SMALL = 1000
+
+    sizes = [np.int64(1000), np.uint64(1000), np.int32(1000), Size.SMALL]
+    allocs = [pool.alloc(s) for s in sizes]
+    assert [a.size for a in allocs] == [1000] * 4
+    assert all(type(a.size) is int for a in allocs)
+    big = pool.alloc(np.int64(3 * MiB), np.uint32(2))
+    assert (big.size, big.stream) == (3 * MiB, 2)

@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``gpumm._core`` (kept in step with rust/bindings)."""
 
-from typing import Any, Callable, Iterable, Optional, Union, final
+from typing import Any, Callable, Iterable, Optional, SupportsIndex, Union, final
 
 from typing_extensions import disjoint_base
 
@@ -64,7 +64,7 @@ def replay_min_capacity(
     options: Optional[dict[str, Any]] = None,
 ) -> Optional[int]: ...
 
-_Size = Union[int, str]
+_Size = Union[int, str, SupportsIndex]
 
 def parse_size(size: _Size) -> int: ...
 def format_size(nbytes: int) -> str: ...

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt, PyString};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use crate::error::Error;
 use crate::pmm::{self, ChunkId, ChunkInfo, ChunkState, ChunkType, RootList};
@@ -45,7 +45,8 @@ impl<T> IntoPy<T> for crate::error::Result<T> {
 // ------------------------------------------------------------------------------------------
 // Argument conversion
 
-/// A size given as a non-negative int or a string like "64KiB".
+/// A size given as a non-negative int (or an integer of another type, like numpy's: its
+/// `__index__`) or a string like "64KiB".
 fn size_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if obj.is_instance_of::<PyBool>() {
         return Err(PyTypeError::new_err(format!(
@@ -71,6 +72,13 @@ fn size_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64>
     }
     if let Ok(s) = obj.cast::<PyString>() {
         return units::parse_size(&s.to_cow()?).py_err(py);
+    }
+    // an integer of another type (numpy's int64, ...): its `__index__`, as `operator.index`
+    if !obj.is_instance_of::<PyFloat>() && obj.hasattr("__index__")? {
+        let v = obj.call_method0("__index__")?;
+        if v.is_instance_of::<PyInt>() {
+            return size_arg(py, &v, what);
+        }
     }
     Err(PyTypeError::new_err(format!(
         "{what} must be an int or a size string like '64KiB', not {}",
