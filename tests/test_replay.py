@@ -76,6 +76,28 @@ def test_replay_of_a_small_trace(tmp_path):
     for name in ALLOCATORS:
         entry = j["allocators"][name]
         assert all(isinstance(entry[k], int) for k in ("peak_live", "peak_reserved", "ooms", "min_capacity"))
+        # free memory held at the peak of live memory: at most what is reserved beyond it
+        assert 0 <= entry["free_at_peak"] <= entry["peak_reserved"] - entry["peak_live"], name
+    assert j["allocators"]["driver"]["free_at_peak"] == 0
+    # gpumm's 6 pages hold two 5 MiB allocations and 300 KiB at the peak
+    assert j["allocators"]["gpumm"]["free_at_peak"] == 12 * MiB - p.peak_live
+
+
+def test_demo_table_fits_80_columns_and_shows_free_memory():
+    from rich.console import Console
+
+    from gpumm.report import table
+
+    report = replay(read_rmm_csv(demo_trace_path()), min_capacity=False)
+    console = Console(width=80, record=True)
+    console.print(table(report))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert all(len(line.rstrip()) <= 80 for line in lines)
+    head = next(line for line in lines if "allocator" in line)
+    assert head.split() == ["allocator", "reserved", "÷", "live", "OOMs", "min", "cap.", "free",
+                            "frag.", "ev/s"]
+    assert "transformer_step.csv.gz: 2944 allocations, peak live" in text
 
 
 def test_ooms_are_explained(tmp_path):

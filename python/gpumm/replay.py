@@ -110,6 +110,7 @@ class AllocatorResult:
     peak_reserved: int
     final_reserved: int
     ooms: List[Dict[str, int]]
+    #: 1 - largest free range / free held, at the peak of live memory
     fragmentation_at_peak: float
     events_per_second: float
     op_ns_mean: float
@@ -118,6 +119,8 @@ class AllocatorResult:
     min_capacity: Optional[int] = None
     #: caching model on a snapshot: the fraction of allocations at PyTorch's own address
     address_match: Optional[float] = None
+    #: held but free at the peak of live memory (what `fragmentation_at_peak` is a share of)
+    free_at_peak: int = 0
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -144,7 +147,8 @@ class Report:
 
     def to_json(self) -> Dict[str, Any]:
         """Plain data: per allocator the keys ``peak_live``, ``peak_reserved``, ``ooms``
-        (a count), ``min_capacity`` (bytes, or null), ``ratio``, ``fragmentation_at_peak``,
+        (a count), ``min_capacity`` (bytes, or null), ``ratio``, ``free_at_peak`` (bytes held
+        but free at the peak of live memory), ``fragmentation_at_peak`` (of that free memory),
         ``events_per_second``, ``op_ns_mean`` (an allocation's mean time, sampled), and
         ``address_match`` for the caching model on a snapshot."""
         out: Dict[str, Any] = {
@@ -165,6 +169,7 @@ class Report:
                 "ratio": round(r.ratio, 6),
                 "ooms": len(r.ooms),
                 "min_capacity": r.min_capacity,
+                "free_at_peak": r.free_at_peak,
                 "fragmentation_at_peak": round(r.fragmentation_at_peak, 6),
                 "events_per_second": round(r.events_per_second),
                 "op_ns_mean": round(r.op_ns_mean, 1),
@@ -240,6 +245,7 @@ def replay(
             events_per_second=raw["events_per_second"],
             op_ns_mean=raw["op_ns_mean"],
             timeline=raw["timeline"],
+            free_at_peak=raw["free_at_peak"],
             raw=raw,
         )
         if name.startswith("caching") and raw["addressed_allocs"]:

@@ -5,6 +5,7 @@ peak of live memory."""
 from __future__ import annotations
 
 import html
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from rich import box
@@ -30,28 +31,40 @@ def _gib(n: Optional[int]) -> str:
     return "–" if n is None else format_size(n)
 
 
+def _short(n: int) -> str:
+    """A size to about three significant figures ("48.1 MiB", "284 MiB"), for a narrow
+    column."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.3g} {unit}" if v < 1000 else f"{v:.0f} {unit}"
+    return f"{n} B"
+
+
 def table(report: Report) -> Table:
     """One row per allocator: peak live, peak reserved, ratio, OOMs, smallest capacity,
-    fragmentation at the peak, replay speed (and, for snapshots, the error against the
+    free memory and its fragmentation at the peak, replay speed (and, for snapshots, the error against the
     real allocator's recorded reserve and the caching model's address match)."""
-    title = (f"{report.source}: {report.allocations} allocations, peak live "
+    # the trace's file name (a long path left the line no room and rich cut its words)
+    title = (f"{os.path.basename(report.source)}: {report.allocations} allocations, peak live "
              f"{format_size(report.peak_live)}, device {format_size(report.capacity)}")
     rec = report.recorded_peak_reserved
-    heads = ["allocator", "reserved", "÷ live", "OOMs", "min cap.", "frag.", "ev/s"]
+    heads = ["allocator", "reserved", "÷ live", "OOMs", "min cap.", "free", "frag.", "ev/s"]
     if rec:
         heads += ["vs PyTorch", "same addr."]
     rows = []
     for name, r in report.results.items():
         row = [name, format_size(r.peak_reserved), f"{r.ratio:.4f}", str(len(r.ooms)),
-               _gib(r.min_capacity), f"{r.fragmentation_at_peak:.0%}",
-               f"{r.events_per_second / 1e6:.1f} M"]
+               _gib(r.min_capacity), _short(r.free_at_peak),
+               f"{r.fragmentation_at_peak:.0%}", f"{r.events_per_second / 1e6:.1f} M"]
         if rec:
             row.append(f"{r.peak_reserved / rec - 1:+.2%}")
             row.append("–" if r.address_match is None else f"{r.address_match:.2%}")
         rows.append(row)
-    t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), caption="reserved: peak "
-              "reserved; min cap.: smallest device with no OOM; frag.: fragmentation at the "
-              "peak of live memory")
+    t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
+              caption="reserved: peak "
+              "reserved; min cap.: smallest device with no OOM; free: held but free at the peak "
+              "of live memory; frag.: the share of that not in its largest free range")
     for i, col in enumerate(heads):
         width = max([len(col)] + [len(r[i]) for r in rows])
         t.add_column(col, justify="left" if i == 0 else "right", no_wrap=True, min_width=width)
@@ -164,6 +177,7 @@ def html_report(report: Report) -> str:
                  f'{esc(name)}</td>', f"<td>{esc(format_size(r.peak_reserved))}</td>",
                  f"<td>{r.ratio:.4f}</td>", f"<td>{len(r.ooms)}</td>",
                  f"<td>{esc(_gib(r.min_capacity))}</td>",
+                 f"<td>{esc(format_size(r.free_at_peak))}</td>",
                  f"<td>{r.fragmentation_at_peak:.0%}</td>",
                  f"<td>{r.events_per_second / 1e6:.1f} M</td>"]
         if rec:
@@ -172,7 +186,7 @@ def html_report(report: Report) -> str:
                          else f"<td>{r.address_match:.2%}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     head = ["allocator", "peak reserved", "÷ peak live", "OOMs", "min capacity",
-            "fragmentation at peak", "events/s"]
+            "free at peak", "fragmentation of it", "events/s"]
     if rec:
         head += ["vs PyTorch's recorded reserve", "same address as PyTorch"]
     maps = []
