@@ -186,7 +186,7 @@ def html_report(report: Report) -> str:
                          else f"<td>{r.address_match:.2%}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     head = ["allocator", "peak reserved", "÷ peak live", "OOMs", "min capacity",
-            "free at peak", "fragmentation of it", "events/s"]
+            "free at peak", "fragmentation", "events/s"]
     if rec:
         head += ["vs PyTorch's recorded reserve", "same address as PyTorch"]
     maps = []
@@ -211,8 +211,9 @@ def html_report(report: Report) -> str:
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1000px; }}
 table {{ border-collapse: collapse; }} td, th {{ padding: 4px 10px; text-align: right; }}
 th {{ border-bottom: 1px solid #999; }} td:first-child, th:first-child {{ text-align: left; }}
+td {{ white-space: nowrap; }}
 .sw {{ display: inline-block; width: 12px; height: 12px; margin-right: 6px; }}
-.note {{ color: #a33; }} .legend span {{ margin-right: 1.5em; }}
+.note {{ color: #a33; }} .legend span {{ margin-right: 1.5em; }} .small {{ font-size: 90%; }}
 </style></head><body>
 <h1>Replay of {esc(report.source)}</h1>
 <p>{esc(report.format)} trace: {report.events} events, {report.allocations} allocations, peak
@@ -220,6 +221,8 @@ live {esc(format_size(report.peak_live))}; device capacity {esc(format_size(repo
 {recorded}{state}
 <table><tr>{"".join(f"<th>{esc(h)}</th>" for h in head)}</tr>
 {"".join(rows)}</table>
+<p class="small">Free at peak: memory the allocator holds but has not handed out, at the
+peak of live memory; fragmentation: the share of it outside its largest free range.</p>
 <h2>Memory over the trace</h2>
 <p class="legend"><span>- - - live</span>{"".join(
         f'<span><span class="sw" style="background:{COLORS.get(n, "#888")}"></span>{esc(n)} reserved</span>'
