@@ -83,21 +83,38 @@ def test_replay_of_a_small_trace(tmp_path):
     assert j["allocators"]["gpumm"]["free_at_peak"] == 12 * MiB - p.peak_live
 
 
-def test_demo_table_fits_80_columns_and_shows_free_memory():
+def _terminal(report):
     from rich.console import Console
 
     from gpumm.report import table
 
-    report = replay(read_rmm_csv(demo_trace_path()), min_capacity=False)
     console = Console(width=80, record=True)
     console.print(table(report))
-    text = console.export_text()
+    return console.export_text()
+
+
+def test_demo_table_fits_80_columns_and_shows_free_memory():
+    report = replay(read_rmm_csv(demo_trace_path()), min_capacity=False)
+    text = _terminal(report)
     lines = text.splitlines()
     assert all(len(line.rstrip()) <= 80 for line in lines)
     head = next(line for line in lines if "allocator" in line)
     assert head.split() == ["allocator", "reserved", "÷", "live", "OOMs", "min", "cap.", "free",
                             "frag.", "ev/s"]
     assert "transformer_step.csv.gz: 2944 allocations, peak live" in text
+
+
+@needs_shared
+def test_snapshot_tables_fit_80_columns():
+    # a snapshot that recorded PyTorch's reserve: the comparison goes in a second table, and
+    # neither table loses a column or a name at 80 columns
+    report = replay(read_trace(TRACES / "forward_bf16.pickle"), min_capacity=False)
+    text = _terminal(report)
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines())
+    assert "caching-expandable" in text and "…" not in text
+    assert "ev/s" in text and "same address as PyTorch" in text
+    caching = [line for line in text.splitlines() if line.split()[:1] == ["caching"]]
+    assert len(caching) == 2 and caching[1].split()[-1] == "100.00%"
 
 
 def test_ooms_are_explained(tmp_path):

@@ -280,9 +280,6 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
         out.print("[yellow]This snapshot has state but no history:[/yellow] the replay allocates "
                   "its live blocks only, to show what each allocator needs to hold that state.")
     out.print(table(report))
-    if report.recorded_peak_reserved:
-        out.print(f"PyTorch's caching allocator held {format_size(report.recorded_peak_reserved)} "
-                  f"at its peak ({report.recorded_peak_reserved / report.peak_live:.4f} × peak live).")
     for name, r in report.results.items():
         for line in explain_ooms(r):
             out.print(f"[red]OOM[/red] {name}: {line}")

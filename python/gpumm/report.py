@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import html
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from rich import box
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from gpumm.replay import AllocatorResult, Report
 from gpumm.units import format_size
@@ -41,30 +43,43 @@ def _short(n: int) -> str:
     return f"{n} B"
 
 
-def table(report: Report) -> Table:
-    """One row per allocator: peak live, peak reserved, ratio, OOMs, smallest capacity,
-    free memory and its fragmentation at the peak, replay speed (and, for snapshots, the error against the
-    real allocator's recorded reserve and the caching model's address match)."""
+#: What the terminal table's columns are (printed under it).
+LEGEND = ("reserved: peak reserved; min cap.: smallest device with no OOM; free: held but not "
+          "handed out at the peak of live memory; frag.: the share of that outside its largest "
+          "free range.")
+
+
+def table(report: Report) -> Group:
+    """For the terminal: one row per allocator (peak reserved, ratio, OOMs, smallest
+    capacity, free memory and its fragmentation at the peak, replay speed), the legend, and
+    for a snapshot that recorded PyTorch's reserve, a second table: each allocator's reserve
+    against it and the caching model's address match. (Two tables, so each fits 80 columns.)"""
     # the trace's file name (a long path left the line no room and rich cut its words)
     title = (f"{os.path.basename(report.source)}: {report.allocations} allocations, peak live "
              f"{format_size(report.peak_live)}, device {format_size(report.capacity)}")
+    # sizes to three figures (the ratio has the precision) so the table fits 80 columns
+    rows = [[name, _short(r.peak_reserved), f"{r.ratio:.4f}", str(len(r.ooms)),
+             "–" if r.min_capacity is None else _short(r.min_capacity), _short(r.free_at_peak),
+             f"{r.fragmentation_at_peak:.0%}",
+             f"{r.events_per_second / 1e6:.1f} M"] for name, r in report.results.items()]
+    parts: List[Any] = [
+        _rich_table(title, ["allocator", "reserved", "÷ live", "OOMs", "min cap.", "free",
+                            "frag.", "ev/s"], rows),
+        Text(LEGEND, style="dim"),
+    ]
     rec = report.recorded_peak_reserved
-    heads = ["allocator", "reserved", "÷ live", "OOMs", "min cap.", "free", "frag.", "ev/s"]
     if rec:
-        heads += ["vs PyTorch", "same addr."]
-    rows = []
-    for name, r in report.results.items():
-        row = [name, format_size(r.peak_reserved), f"{r.ratio:.4f}", str(len(r.ooms)),
-               _gib(r.min_capacity), _short(r.free_at_peak),
-               f"{r.fragmentation_at_peak:.0%}", f"{r.events_per_second / 1e6:.1f} M"]
-        if rec:
-            row.append(f"{r.peak_reserved / rec - 1:+.2%}")
-            row.append("–" if r.address_match is None else f"{r.address_match:.2%}")
-        rows.append(row)
-    t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
-              caption="reserved: peak "
-              "reserved; min cap.: smallest device with no OOM; free: held but free at the peak "
-              "of live memory; frag.: the share of that not in its largest free range")
+        rows = [[name, f"{r.peak_reserved / rec - 1:+.2%}",
+                 "–" if r.address_match is None else f"{r.address_match:.2%}"]
+                for name, r in report.results.items()]
+        parts.append(_rich_table(
+            f"Against PyTorch's own run: it reserved {format_size(rec)} at its peak",
+            ["allocator", "reserve vs PyTorch's", "same address as PyTorch"], rows))
+    return Group(*parts)
+
+
+def _rich_table(title: str, heads: List[str], rows: List[List[str]]) -> Table:
+    t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
     for i, col in enumerate(heads):
         width = max([len(col)] + [len(r[i]) for r in rows])
         t.add_column(col, justify="left" if i == 0 else "right", no_wrap=True, min_width=width)
