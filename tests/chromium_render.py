@@ -4,7 +4,8 @@
 
 prints one JSON object: ``engine`` (the user agent), ``loaded``, ``console`` (the page's
 console messages), ``svgs`` (the rendered width and height of each ``<svg>``), ``polylines``,
-``height`` (the document's), and ``ink`` (the fraction of the screenshot's pixels that are
+``height`` and ``width`` (the document's, scrolled: a width over the view's means the
+page overflows sideways), and ``ink`` (the fraction of the screenshot's pixels that are
 not the background). The whole page is saved to SHOT.png.
 
 The engine is Chromium as Qt WebEngine embeds it (PyPI's ``PyQt6-WebEngine``: Blink and V8,
@@ -34,6 +35,7 @@ PROBE = """(() => ({
     const r = s.getBoundingClientRect(); return [r.width, r.height]; }),
   polylines: document.querySelectorAll('polyline').length,
   height: Math.ceil(document.documentElement.scrollHeight),
+  width: Math.ceil(document.documentElement.scrollWidth),
 }))()"""
 
 

@@ -212,9 +212,12 @@ def _chromium():
 @pytest.mark.skipif(_chromium() is None,
                     reason="no headless Chromium: neither Debian's chromium package nor "
                            "PyQt6-WebEngine (pip install '.[test]') is installed")
-def test_html_report_renders_in_chromium(tmp_path):
+@pytest.mark.parametrize("trace", ["demo", pytest.param("forward_bf16.pickle", marks=needs_shared)])
+def test_html_report_renders_in_chromium(tmp_path, trace):
+    # the demo (an RMM log) and a snapshot that recorded PyTorch's reserve (more tables)
+    path = demo_trace_path() if trace == "demo" else str(TRACES / trace)
     out = tmp_path / "r.html"
-    main(["replay", demo_trace_path(), "--html", str(out), "--no-min-capacity"])
+    main(["replay", path, "--html", str(out), "--no-min-capacity"])
     engine = _chromium()
     shot = tmp_path / "shot.png"
     if engine != "qtwebengine":
@@ -239,6 +242,7 @@ def test_html_report_renders_in_chromium(tmp_path):
     # the screenshot holds the whole page, and something is drawn on it
     assert page["height"] > 900 and shot.stat().st_size > 10_000
     assert page["ink"] > 0.02, page["ink"]
+    assert page["width"] <= 1100, "the page overflows sideways"
 
 
 def test_console_script_replay(tmp_path):

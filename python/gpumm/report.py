@@ -186,24 +186,28 @@ def html_report(report: Report) -> str:
     """One self-contained page: summary table, memory timeline, chunk maps, OOMs."""
     esc = html.escape
     rec = report.recorded_peak_reserved
-    rows = []
+    rows, against = [], []
     for name, r in report.results.items():
-        cells = [f'<td><span class="sw" style="background:{COLORS.get(name, "#888")}"></span>'
-                 f'{esc(name)}</td>', f"<td>{esc(format_size(r.peak_reserved))}</td>",
+        swatch = (f'<td><span class="sw" style="background:{COLORS.get(name, "#888")}"></span>'
+                  f'{esc(name)}</td>')
+        cells = [swatch, f"<td>{esc(format_size(r.peak_reserved))}</td>",
                  f"<td>{r.ratio:.4f}</td>", f"<td>{len(r.ooms)}</td>",
                  f"<td>{esc(_gib(r.min_capacity))}</td>",
                  f"<td>{esc(format_size(r.free_at_peak))}</td>",
                  f"<td>{r.fragmentation_at_peak:.0%}</td>",
                  f"<td>{r.events_per_second / 1e6:.1f} M</td>"]
-        if rec:
-            cells.append(f"<td>{r.peak_reserved / rec - 1:+.2%}</td>")
-            cells.append("<td>–</td>" if r.address_match is None
-                         else f"<td>{r.address_match:.2%}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
+        if rec:
+            match = "–" if r.address_match is None else f"{r.address_match:.2%}"
+            against.append(f"<tr>{swatch}<td>{r.peak_reserved / rec - 1:+.2%}</td>"
+                           f"<td>{match}</td></tr>")
     head = ["allocator", "peak reserved", "÷ peak live", "OOMs", "min capacity",
             "free at peak", "fragmentation", "events/s"]
-    if rec:
-        head += ["vs PyTorch's recorded reserve", "same address as PyTorch"]
+    # (a table of its own, as in the terminal: ten columns did not fit the page)
+    against_table = "" if not rec else (
+        "<h2>Against PyTorch's own run</h2><table><tr><th>allocator</th><th>peak reserved vs "
+        "PyTorch's recorded reserve</th><th>same address as PyTorch</th></tr>"
+        + "".join(against) + "</table>")
     maps = []
     for name, r in report.results.items():
         layout = r.raw.get("layout_at_peak") or []
@@ -238,6 +242,7 @@ live {esc(format_size(report.peak_live))}; device capacity {esc(format_size(repo
 {"".join(rows)}</table>
 <p class="small">Free at peak: memory the allocator holds but has not handed out, at the
 peak of live memory; fragmentation: the share of it outside its largest free range.</p>
+{against_table}
 <h2>Memory over the trace</h2>
 <p class="legend"><span>- - - live</span>{"".join(
         f'<span><span class="sw" style="background:{COLORS.get(n, "#888")}"></span>{esc(n)} reserved</span>'
