@@ -214,6 +214,15 @@ def test_alloc_batch(pool):
     pool.free_batch(ptrs)
     assert pool.stats()["live_allocs"] == 0
     assert list(pool.alloc_batch([10, 20])) and pool.stats()["live_allocs"] == 2
+    # a numpy array of its own (made from the core's vector, not viewing a bytes object);
+    # the pointers as bytes too, for callers without numpy
+    more = pool.alloc_batch([30, 40], 2, arena=True)
+    assert type(more) is np.ndarray and more.flags.owndata is False and more.flags.c_contiguous
+    raw = pool.alloc_batch_raw([50, 60])
+    assert type(raw) is bytes and len(np.frombuffer(raw, dtype=np.uint64)) == 2
+    pool.free_batch(more)
+    pool.free_batch(np.frombuffer(raw, dtype=np.uint64))
+    assert pool.stats()["live_allocs"] == 2
 
 
 def test_batches_freed_every_way(pool):

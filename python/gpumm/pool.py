@@ -372,24 +372,6 @@ class MemoryPool(_core.Pool):
                           f"allocation(s):\n{top}", ResourceWarning, stacklevel=2)
         return n
 
-    def alloc_batch(self, sizes: Any, stream: int = 0, *, arena: bool = False) -> Any:
-        """Allocates every size in ``sizes`` (a numpy int64/uint64 array or a list) in one call
-        and one lock: all or none. Returns the pointers as a numpy uint64 array; free them with
-        :meth:`free_batch` (or one by one with :meth:`free`): the whole array, as returned, is
-        the fastest (the batch remembers its members; any other set is looked up pointer by
-        pointer). Each is an allocation of its own;
-        when the whole batch fits in one free range of the pool it is placed there, back to
-        back, in one step (several times cheaper than a call per size).
-
-        ``arena=True`` places them all at once, back to back at 256-byte alignment, in memory
-        that goes back to the pool when the last of them is freed: several times cheaper per
-        allocation, and no per-page rounding, for buffers that live and die together (one
-        step's activations, a set of staging buffers). Memory of one freed early is not
-        reusable until the whole arena is freed (``used_bytes`` keeps counting it)."""
-        import numpy as np
-
-        return np.frombuffer(self.alloc_batch_raw(sizes, stream, arena), dtype=np.uint64)
-
     @contextlib.contextmanager
     def scope(self, name: Optional[str] = None) -> Iterator[Scope]:
         """``with pool.scope() as s:`` frees, on exit, what this thread allocated from this

@@ -8,6 +8,7 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use numpy::PyArray1;
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
@@ -233,6 +234,27 @@ impl PyPool {
             }
         }
         self.with(py, f)
+    }
+
+    /// The pointers of a batch (see `alloc_batch`).
+    fn batch(
+        &self,
+        py: Python<'_>,
+        sizes: &Bound<'_, PyAny>,
+        stream: u64,
+        arena: bool,
+    ) -> PyResult<Vec<u64>> {
+        let sizes = u64_buffer(py, sizes, "sizes")?;
+        let mut out = Vec::with_capacity(sizes.len());
+        self.with_bounded(py, sizes.len(), |p| {
+            if arena {
+                p.alloc_arena(&sizes, stream, &mut out)
+            } else {
+                p.alloc_batch(&sizes, stream, &mut out)
+            }
+        })
+        .py_err(py)?;
+        Ok(out)
     }
 
     fn allocation(&self, info: &AllocInfo) -> PyAllocation {
@@ -491,9 +513,36 @@ impl PyPool {
         quick_or_detached(py, &self.inner, op).py_err(py)
     }
 
-    /// Allocates every size of `sizes` (a buffer of int64/uint64, e.g. a numpy array) in one
-    /// call: all or none. Returns the pointers as bytes of native uint64. `arena`: one
-    /// placement for them all, given back when the last is freed (see `alloc_batch`).
+    /// Allocates every size in `sizes` (a numpy int64/uint64 array or a list) in one call and
+    /// one lock: all or none. Returns the pointers as a numpy uint64 array; free them with
+    /// `free_batch` (or one by one with `free`): the whole array, as returned, is the fastest
+    /// (the batch remembers its members; any other set is looked up pointer by pointer). Each
+    /// is an allocation of its own; when the whole batch fits in one free range of the pool
+    /// it is placed there, back to back, in one step (several times cheaper than a call per
+    /// size).
+    ///
+    /// `arena=True` places them all at once, back to back at 256-byte alignment, in memory
+    /// that goes back to the pool when the last of them is freed: several times cheaper per
+    /// allocation, and no per-page rounding, for buffers that live and die together (one
+    /// step's activations, a set of staging buffers). Memory of one freed early is not
+    /// reusable until the whole arena is freed (`used_bytes` keeps counting it).
+    ///
+    /// (The array owns the vector the pointers were written to: no copy, no bytes object.)
+    #[pyo3(signature = (sizes, stream = 0, *, arena = false))]
+    fn alloc_batch<'py>(
+        &self,
+        py: Python<'py>,
+        sizes: &Bound<'py, PyAny>,
+        stream: u64,
+        arena: bool,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        Ok(PyArray1::from_vec(
+            py,
+            self.batch(py, sizes, stream, arena)?,
+        ))
+    }
+
+    /// `alloc_batch`, the pointers as bytes of native uint64.
     #[pyo3(signature = (sizes, stream = 0, arena = false))]
     fn alloc_batch_raw<'py>(
         &self,
@@ -502,16 +551,7 @@ impl PyPool {
         stream: u64,
         arena: bool,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let sizes = u64_buffer(py, sizes, "sizes")?;
-        let mut out = Vec::with_capacity(sizes.len());
-        self.with_bounded(py, sizes.len(), |p| {
-            if arena {
-                p.alloc_arena(&sizes, stream, &mut out)
-            } else {
-                p.alloc_batch(&sizes, stream, &mut out)
-            }
-        })
-        .py_err(py)?;
+        let out = self.batch(py, sizes, stream, arena)?;
         Ok(PyBytes::new(py, as_bytes(&out)))
     }
 
