@@ -401,8 +401,18 @@ enum Record {
     Adjacent,
     /// All the members of arena (group) slot `g`.
     Group(u32),
-    /// Anything else.
-    Scattered,
+}
+
+/// The members of a batch not yet in the pointer index (see `Pool::batches`), as (pointer,
+/// slot) in the order returned, and how they lie. The shape is set when the batch is cut and
+/// stays true while the record exists: a member's block or group changes only when that
+/// member is freed or moved, and each of those paths first moves the records into the index
+/// (`unindex`), which ends them (checked by `validate`). So `free_batch` need not walk the
+/// blocks again to find it (a ninth of a batch pair's instructions).
+#[derive(Clone, Debug)]
+struct BatchRecord {
+    shape: Record,
+    members: Vec<(u64, u32)>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -557,7 +567,7 @@ pub struct Pool {
     /// quarter of a batch pair); any other lookup by pointer moves them into `by_ptr` first
     /// (`ptr_lookup`), and so does a member freed or moved by any other path (`unindex`), so
     /// every entry names a live or freeing allocation that the index does not hold.
-    batches: Vec<Vec<(u64, u32)>>,
+    batches: Vec<BatchRecord>,
     streams: FxHashMap<u64, StreamState>,
     fence_stream: FxHashMap<u64, u64>,
     /// Backend fences (CUDA events) of pending frees, by pool fence.
@@ -2672,7 +2682,7 @@ impl Pool {
         let whole = self.blocks[b as usize];
         let (mut g, mut prev, mut live) = (self.start_of(&whole), whole.prev, 0);
         out.reserve(sizes.len());
-        self.open_batch_record(sizes.len());
+        self.open_batch_record(sizes.len(), Record::Adjacent);
         for (i, &size) in sizes.iter().enumerate() {
             let units = size.div_ceil(GRANULE);
             let a = if i == 0 { a0 } else { self.new_slot() };
@@ -2724,7 +2734,7 @@ impl Pool {
         x.scope = 0;
         x.layout = layout;
         match self.batches.last_mut() {
-            Some(rec) => rec.push((ptr, a)),
+            Some(rec) => rec.members.push((ptr, a)),
             None => unreachable!("a batch record is open"),
         }
     }
@@ -2732,11 +2742,14 @@ impl Pool {
     /// Opens the record of the members of a batch being made (see `batches`). At most
     /// `BATCH_RECORDS` are kept (older ones go into the index), so a `free_batch` looks at a
     /// bounded number of them.
-    fn open_batch_record(&mut self, n: usize) {
+    fn open_batch_record(&mut self, n: usize, shape: Record) {
         if self.batches.len() >= BATCH_RECORDS {
             self.ptr_lookup();
         }
-        self.batches.push(Vec::with_capacity(n));
+        self.batches.push(BatchRecord {
+            shape,
+            members: Vec::with_capacity(n),
+        });
     }
 
     /// Whether the entry of a batch record names a live or freeing allocation (always, by the
@@ -2751,7 +2764,10 @@ impl Pool {
     fn ptr_lookup(&mut self) {
         self.ptr_index();
         let index = self.by_ptr.as_mut().expect("built");
-        for (p, a) in std::mem::take(&mut self.batches).into_iter().flatten() {
+        for (p, a) in std::mem::take(&mut self.batches)
+            .into_iter()
+            .flat_map(|r| r.members)
+        {
             index.insert(p, a);
         }
     }
@@ -2770,44 +2786,20 @@ impl Pool {
     }
 
     /// The slots of `ptrs` when they are exactly the members of a pending batch record, in
-    /// its order, all live and unpinned; the record is then consumed. With it, found in the
-    /// same pass: how its members lie (`Record`). `None`, with nothing changed, otherwise.
+    /// its order, all live and unpinned; the record is then consumed. With it: how its members
+    /// lie (`Record`, kept in the record). `None`, with nothing changed, otherwise.
     fn take_batch_record(&mut self, ptrs: &[u64]) -> Option<(Vec<(u64, u32)>, Record)> {
         let i = self.batches.iter().rposition(|r| {
-            r.len() == ptrs.len() && r.first().map(|e| e.0) == ptrs.first().copied()
+            r.members.len() == ptrs.len() && r.members.first().map(|e| e.0) == ptrs.first().copied()
         })?;
-        let (mut shape, mut last) = (None, NIL);
-        for (&(p, a), &q) in self.batches[i].iter().zip(ptrs) {
+        for (&(p, a), &q) in self.batches[i].members.iter().zip(ptrs) {
             let x = &self.allocs[a as usize];
             if !(p == q && x.ptr == p && x.state == State::Live && x.pins == 0) {
                 return None;
             }
-            shape = match (shape, x.layout) {
-                (None, Layout::Block(b)) => {
-                    last = b;
-                    Some(Record::Adjacent)
-                }
-                (Some(Record::Adjacent), Layout::Block(b))
-                    if self.blocks[last as usize].next == b =>
-                {
-                    last = b;
-                    shape
-                }
-                (None, Layout::Member(g)) => Some(Record::Group(g)),
-                (Some(Record::Group(g)), Layout::Member(h)) if g == h => shape,
-                _ => Some(Record::Scattered),
-            };
         }
-        let shape = match shape {
-            // the whole group: no member of it freed before (which `unindex` would have
-            // flushed the record for anyway)
-            Some(Record::Group(g)) if self.allocs[g as usize].members as usize == ptrs.len() => {
-                Record::Group(g)
-            }
-            Some(Record::Adjacent) => Record::Adjacent,
-            _ => Record::Scattered,
-        };
-        Some((self.batches.swap_remove(i), shape))
+        let rec = self.batches.swap_remove(i);
+        Some((rec.members, rec.shape))
     }
 
     /// `n` allocations of a batch made at once: `live` bytes asked, `used` bytes held.
@@ -2892,7 +2884,7 @@ impl Pool {
         x.state = State::Group;
         x.members = sizes.len() as u32;
         out.reserve(sizes.len());
-        self.open_batch_record(sizes.len());
+        self.open_batch_record(sizes.len(), Record::Group(g));
         let mut ptr = base;
         let mut live = 0;
         for &size in sizes {

@@ -305,6 +305,37 @@ impl Pool {
         }
     }
 
+    /// A batch record's members lie as its shape says: one block each, neighbours in order
+    /// (`Adjacent`), or every member of one group (`Group`).
+    fn validate_record_shape(&self, rec: &BatchRecord) -> std::result::Result<(), String> {
+        let mut last = NIL;
+        for &(p, a) in &rec.members {
+            let ok = match (rec.shape, self.allocs[a as usize].layout) {
+                (Record::Adjacent, Layout::Block(b)) => {
+                    let next = last == NIL || self.blocks[last as usize].next == b;
+                    last = b;
+                    next
+                }
+                (Record::Group(g), Layout::Member(h)) => g == h,
+                _ => false,
+            };
+            if !ok {
+                return Err(format!(
+                    "batch record member {p:#x} does not lie as {:?}",
+                    rec.shape
+                ));
+            }
+        }
+        if let Record::Group(g) = rec.shape {
+            if self.allocs[g as usize].members as usize != rec.members.len() {
+                return Err(format!(
+                    "batch record of group {g} is not all of its members"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks every invariant of the module comment and recomputes every counter; returns a
     /// description of the first broken one.
     pub fn validate(&self) -> std::result::Result<(), String> {
@@ -493,15 +524,18 @@ impl Pool {
         // the index does not hold
         let mut pending: FxHashMap<u64, u32> = FxHashMap::default();
         if let Some(m) = &self.by_ptr {
-            for &(p, a) in self.batches.iter().flatten() {
-                if !self.batch_entry_valid((p, a)) || m.get(p).is_some() {
-                    return Err(format!(
-                        "batch record entry {p:#x} (slot {a}) is stale or indexed"
-                    ));
+            for rec in &self.batches {
+                for &(p, a) in &rec.members {
+                    if !self.batch_entry_valid((p, a)) || m.get(p).is_some() {
+                        return Err(format!(
+                            "batch record entry {p:#x} (slot {a}) is stale or indexed"
+                        ));
+                    }
+                    if pending.insert(p, a).is_some() {
+                        return Err(format!("{p:#x} is in two batch records"));
+                    }
                 }
-                if pending.insert(p, a).is_some() {
-                    return Err(format!("{p:#x} is in two batch records"));
-                }
+                self.validate_record_shape(rec)?;
             }
         } else if !self.batches.is_empty() {
             return Err("batch records without a pointer index".into());
