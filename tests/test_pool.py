@@ -218,6 +218,7 @@ def test_alloc_batch(pool):
     # the pointers as bytes too, for callers without numpy
     more = pool.alloc_batch([30, 40], 2, arena=True)
     assert type(more) is np.ndarray and more.flags.owndata is False and more.flags.c_contiguous
+    assert not isinstance(more.base, bytes)  # (frombuffer over a bytes object, before)
     raw = pool.alloc_batch_raw([50, 60])
     assert type(raw) is bytes and len(np.frombuffer(raw, dtype=np.uint64)) == 2
     pool.free_batch(more)
