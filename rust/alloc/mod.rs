@@ -394,21 +394,25 @@ enum Layout {
     Member(u32),
 }
 
-/// How the members of a batch record lie, for `free_batch` (see `take_batch_record`).
+/// How the members of a batch record lie, for `free_batch` (see `vacate_record`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Record {
-    /// One block each, neighbours in their order (a batch placed in one block).
-    Adjacent,
+    /// Back to back in one used block, in their order (a batch placed in one block): the
+    /// block is the first member's, and is cut into one block per member only when the
+    /// record goes into the pointer index (`cut_uncut`), so a `free_batch` of the whole
+    /// batch gives back one block that was never cut.
+    Uncut(u32),
     /// All the members of arena (group) slot `g`.
     Group(u32),
 }
 
 /// The members of a batch not yet in the pointer index (see `Pool::batches`), as (pointer,
-/// slot) in the order returned, and how they lie. The shape is set when the batch is cut and
+/// slot) in the order returned, and how they lie. The shape is set when the batch is made and
 /// stays true while the record exists: a member's block or group changes only when that
 /// member is freed or moved, and each of those paths first moves the records into the index
 /// (`unindex`), which ends them (checked by `validate`). So `free_batch` need not walk the
-/// blocks again to find it (a ninth of a batch pair's instructions).
+/// blocks again to find it (a ninth of a batch pair's instructions), and a batch in one
+/// block need not be cut into blocks unless a member is freed or looked up on its own.
 #[derive(Clone, Debug)]
 struct BatchRecord {
     shape: Record,
@@ -1960,6 +1964,19 @@ impl Pool {
         Ok(size.div_ceil(GRANULE))
     }
 
+    /// The sizes of a batch, checked (the first bad one's error, as `validate_size` gives it),
+    /// rounded and summed in granules (saturating: a sum too large is refused later).
+    fn batch_units(&self, sizes: &[u64]) -> Result<u64> {
+        let (max, mut total) = (self.max_size(), 0u64);
+        for &size in sizes {
+            if size == 0 || size > max {
+                self.validate_size(size)?;
+            }
+            total = total.saturating_add(size.div_ceil(GRANULE));
+        }
+        Ok(total)
+    }
+
     // --------------------------------------------------------------------------------------
     // Public operations
 
@@ -2578,16 +2595,11 @@ impl Pool {
     /// Allocates every size in `sizes` (all or none) and appends the pointers to `out`.
     pub fn alloc_batch(&mut self, sizes: &[u64], stream: u64, out: &mut Vec<u64>) -> Result<()> {
         self.open()?;
-        let max = self.max_size();
-        for &s in sizes {
-            if s == 0 || s > max {
-                self.validate_size(s)?; // the error, with its message
-            }
-        }
+        let total = self.batch_units(sizes)?;
         self.ptr_index(); // the caller will free by pointer
                           // (a refused batch is undone exactly: nothing cached may merge or grow in between)
         self.flush_cache();
-        if self.batch_in_one_block(sizes, stream, out) {
+        if self.batch_in_one_block(sizes, total, stream, out) {
             self.check();
             return Ok(());
         }
@@ -2646,12 +2658,18 @@ impl Pool {
     }
 
     /// `alloc_batch` with one placement: when the whole batch lands in one block (a free
-    /// block that holds it, a heap page, a segment extended or opened for it), the block is
-    /// cut into one block per size, each an allocation freed and reused on its own. False,
+    /// block that holds it, a heap page, a segment extended or opened for it), the sizes lie
+    /// back to back in it, each an allocation freed and reused on its own (the block is cut
+    /// into one per size when a member is first named alone: `cut_uncut`). False,
     /// with nothing changed, when it would not (it would be stitched, or the pool would have
     /// to compact or fail): the batch is then placed size by size.
-    fn batch_in_one_block(&mut self, sizes: &[u64], stream: u64, out: &mut Vec<u64>) -> bool {
-        let total: u64 = sizes.iter().map(|s| s.div_ceil(GRANULE)).sum();
+    fn batch_in_one_block(
+        &mut self,
+        sizes: &[u64],
+        total: u64,
+        stream: u64,
+        out: &mut Vec<u64>,
+    ) -> bool {
         if sizes.len() < 2 || total > MAX_BLOCK {
             return false;
         }
@@ -2678,44 +2696,19 @@ impl Pool {
             }
         };
         self.journal.truncate(mark);
-        // Cut it: the first size keeps block `b`, each next one is a block after it.
-        let whole = self.blocks[b as usize];
-        let (mut g, mut prev, mut live) = (self.start_of(&whole), whole.prev, 0);
+        // The members lie back to back in block `b`, which stays whole (its owner is the
+        // first member) until the record goes into the pointer index (`cut_uncut`).
+        let blk = &self.blocks[b as usize];
+        let mut ptr = self.direct_addr(blk.page, blk.off);
+        let mut live = 0;
         out.reserve(sizes.len());
-        self.open_batch_record(sizes.len(), Record::Adjacent);
+        self.open_batch_record(sizes.len(), Record::Uncut(b));
         for (i, &size) in sizes.iter().enumerate() {
-            let units = size.div_ceil(GRANULE);
             let a = if i == 0 { a0 } else { self.new_slot() };
-            let (page, off) = self.locate(g);
-            let piece = Block {
-                page,
-                off,
-                len: units as u32,
-                prev,
-                next: NIL,
-                free: false,
-                heap: whole.heap,
-                binsec: 0,
-                links: Link { prev: a, next: NIL },
-            };
-            let id = if i == 0 {
-                self.blocks[b as usize] = piece;
-                b
-            } else {
-                let id = self.new_block(piece);
-                self.blocks[prev as usize].next = id;
-                id
-            };
-            let ptr = self.direct_addr(page, off);
-            self.batch_member(a, size, ptr, stream, Layout::Block(id));
+            self.batch_member(a, size, ptr, stream, Layout::Block(b));
             live += size;
             out.push(ptr);
-            prev = id;
-            g += units;
-        }
-        self.blocks[prev as usize].next = whole.next;
-        if whole.next != NIL {
-            self.blocks[whole.next as usize].prev = prev;
+            ptr += size.div_ceil(GRANULE) * GRANULE;
         }
         self.count_batch(sizes.len(), live, total * GRANULE);
         true
@@ -2761,14 +2754,57 @@ impl Pool {
     }
 
     /// The pointer index with every pending batch member in it: for a lookup by pointer.
+    /// The blocks of uncut records are cut first (each member then has a block of its own).
     fn ptr_lookup(&mut self) {
         self.ptr_index();
+        let records = std::mem::take(&mut self.batches);
+        for rec in &records {
+            if let Record::Uncut(b) = rec.shape {
+                self.cut_uncut(b, &rec.members);
+            }
+        }
         let index = self.by_ptr.as_mut().expect("built");
-        for (p, a) in std::mem::take(&mut self.batches)
-            .into_iter()
-            .flat_map(|r| r.members)
-        {
+        for (p, a) in records.into_iter().flat_map(|r| r.members) {
             index.insert(p, a);
+        }
+    }
+
+    /// Cuts block `b`, which holds the members of an uncut batch record back to back (owned
+    /// by the first), into one block per member, each owned by its member: what an
+    /// allocation made alone would have.
+    fn cut_uncut(&mut self, b: u32, members: &[(u64, u32)]) {
+        let whole = self.blocks[b as usize];
+        let (mut g, mut prev) = (self.start_of(&whole), whole.prev);
+        for (i, &(_, a)) in members.iter().enumerate() {
+            let units = self.allocs[a as usize].units();
+            let (page, off) = self.locate(g);
+            let piece = Block {
+                page,
+                off,
+                len: units as u32,
+                prev,
+                next: NIL,
+                free: false,
+                heap: whole.heap,
+                binsec: 0,
+                links: Link { prev: a, next: NIL },
+            };
+            let id = if i == 0 {
+                self.blocks[b as usize] = piece;
+                b
+            } else {
+                let id = self.new_block(piece);
+                self.blocks[prev as usize].next = id;
+                self.allocs[a as usize].layout = Layout::Block(id);
+                id
+            };
+            prev = id;
+            g += units;
+        }
+        debug_assert_eq!(g, self.start_of(&whole) + whole.len as u64);
+        self.blocks[prev as usize].next = whole.next;
+        if whole.next != NIL {
+            self.blocks[whole.next as usize].prev = prev;
         }
     }
 
@@ -2785,21 +2821,50 @@ impl Pool {
         }
     }
 
-    /// The slots of `ptrs` when they are exactly the members of a pending batch record, in
-    /// its order, all live and unpinned; the record is then consumed. With it: how its members
-    /// lie (`Record`, kept in the record). `None`, with nothing changed, otherwise.
-    fn take_batch_record(&mut self, ptrs: &[u64]) -> Option<(Vec<(u64, u32)>, Record)> {
+    /// When `ptrs` are exactly the members of a pending batch record, in its order, all live
+    /// and unpinned: their slots become vacant (their live bytes and frees counted), the
+    /// record is consumed, and what it said of how they lie comes back with their rounded
+    /// sizes, summed, in granules. Each member is checked and vacated in one pass (one read of
+    /// its slot's line, not two); at the first that does not match, the slots vacated so far
+    /// are restored and `None` comes back, nothing changed.
+    fn vacate_record(&mut self, ptrs: &[u64]) -> Option<(Record, u64)> {
         let i = self.batches.iter().rposition(|r| {
             r.members.len() == ptrs.len() && r.members.first().map(|e| e.0) == ptrs.first().copied()
         })?;
-        for (&(p, a), &q) in self.batches[i].members.iter().zip(ptrs) {
-            let x = &self.allocs[a as usize];
+        let rec = &self.batches[i];
+        let layout = match rec.shape {
+            Record::Uncut(b) => Layout::Block(b),
+            Record::Group(g) => Layout::Member(g),
+        };
+        let (mut live, mut units, mut done) = (0, 0, 0);
+        for (&(p, a), &q) in rec.members.iter().zip(ptrs) {
+            let x = &mut self.allocs[a as usize];
             if !(p == q && x.ptr == p && x.state == State::Live && x.pins == 0) {
-                return None;
+                break;
             }
+            debug_assert_eq!(x.layout, layout);
+            live += x.size;
+            units += x.units();
+            x.generation = x.generation.wrapping_add(1);
+            x.state = State::Vacant;
+            x.layout = Layout::None;
+            self.vacant_allocs.push(a);
+            done += 1;
         }
-        let rec = self.batches.swap_remove(i);
-        Some((rec.members, rec.shape))
+        if done < ptrs.len() {
+            for &(_, a) in &rec.members[..done] {
+                let x = &mut self.allocs[a as usize];
+                x.generation = x.generation.wrapping_sub(1);
+                x.state = State::Live;
+                x.layout = layout;
+            }
+            self.vacant_allocs.truncate(self.vacant_allocs.len() - done);
+            return None;
+        }
+        let shape = self.batches.swap_remove(i).shape;
+        self.counters.live_bytes -= live;
+        self.counters.frees += ptrs.len() as u64;
+        Some((shape, units))
     }
 
     /// `n` allocations of a batch made at once: `live` bytes asked, `used` bytes held.
@@ -2844,10 +2909,7 @@ impl Pool {
     /// than `alloc_batch` per allocation, and packs small sizes with no per-page rounding.
     pub fn alloc_arena(&mut self, sizes: &[u64], stream: u64, out: &mut Vec<u64>) -> Result<()> {
         self.open()?;
-        let mut total = 0u64;
-        for &size in sizes {
-            total = total.saturating_add(self.validate_size(size)?);
-        }
+        let total = self.batch_units(sizes)?;
         if total == 0 {
             return Ok(());
         }
@@ -2904,13 +2966,15 @@ impl Pool {
     /// named once).
     pub fn free_batch(&mut self, ptrs: &[u64]) -> Result<()> {
         self.open()?;
-        if let Some((rec, shape)) = self.take_batch_record(ptrs) {
-            match shape {
-                Record::Adjacent if !self.cfg.scrub => self.release_adjacent(&rec),
-                Record::Group(g) if !self.cfg.scrub => self.release_group(&rec, g),
-                _ => self.release_batch(rec.into_iter().map(|e| e.1)),
+        // (scrubbing zeroes member by member: the general path below)
+        if !self.cfg.scrub {
+            if let Some((shape, units)) = self.vacate_record(ptrs) {
+                match shape {
+                    Record::Uncut(b) => self.release_uncut(b, units),
+                    Record::Group(g) => self.release_group(g),
+                }
+                return Ok(());
             }
-            return Ok(());
         }
         self.ptr_lookup();
         // Each pointer leaves the pointer index as it is checked (one probe serves the check
@@ -2955,49 +3019,21 @@ impl Pool {
         Ok(())
     }
 
-    /// Frees the members of a batch record (checked: live, unpinned) whose blocks are still
-    /// neighbours in their order, as `batch_in_one_block` cut them: the first block takes in
-    /// the others and is freed once (one merge with the blocks around), instead of each block
-    /// marked, listed and merged in turn (`release_batch`, where a batch pair spent a third
-    /// of its time). One pass over the members.
-    fn release_adjacent(&mut self, rec: &[(u64, u32)]) {
-        let Layout::Block(first) = self.allocs[rec[0].1 as usize].layout else {
-            unreachable!("checked by take_batch_record")
-        };
-        let mut last = first;
-        let units = self.vacate_members(rec, |p, k, layout| {
-            let Layout::Block(b) = layout else {
-                unreachable!("checked by take_batch_record")
-            };
-            if k > 0 {
-                // a used block (in no bin); dropping it keeps its `next`, read below
-                p.drop_block(b);
-                last = b;
-            }
-        });
-        debug_assert!(
-            units <= MAX_BLOCK,
-            "a batch in one block is at most MAX_BLOCK"
-        );
-        let after = self.blocks[last as usize].next;
-        let u = &mut self.blocks[first as usize];
-        u.len = units as u32;
-        u.next = after;
-        if after != NIL {
-            self.blocks[after as usize].prev = first;
-        }
+    /// The block of an uncut batch record whose slots `vacate_record` freed (`units`
+    /// granules) goes back at once: one merge with the blocks around, instead of each
+    /// member's block marked, listed and merged in turn (`release_batch`, where a batch pair
+    /// spent a third of its time).
+    fn release_uncut(&mut self, b: u32, units: u64) {
+        debug_assert_eq!(units, self.blocks[b as usize].len as u64);
         self.counters.used_bytes -= units * GRANULE;
-        self.release_block(first);
+        self.release_block(b);
         self.after_free();
         self.check();
     }
 
-    /// Frees every member of arena `g` (a checked record of all of them): the slots in one
-    /// pass, then the arena's memory once (as `unplace` does when its last member goes).
-    fn release_group(&mut self, rec: &[(u64, u32)], g: u32) {
-        self.vacate_members(rec, |_, _, layout| {
-            debug_assert_eq!(layout, Layout::Member(g))
-        });
+    /// Arena `g`, whose members' slots `vacate_record` freed, gives its memory back once (as
+    /// `unplace` does when its last member goes).
+    fn release_group(&mut self, g: u32) {
         self.allocs[g as usize].members = 0;
         self.release_group_memory(g);
         self.after_free();
@@ -3014,32 +3050,6 @@ impl Pool {
         self.unplace(layout);
         self.vacant_allocs.push(g);
         self.counters.used_bytes -= units * GRANULE;
-    }
-
-    /// The slots of a checked batch record become vacant (their live bytes and frees
-    /// counted); `each(pool, k, layout)` sees the layout the `k`th had. Returns the members'
-    /// rounded sizes, summed, in granules.
-    #[inline]
-    fn vacate_members(
-        &mut self,
-        rec: &[(u64, u32)],
-        mut each: impl FnMut(&mut Self, usize, Layout),
-    ) -> u64 {
-        let (mut live, mut units) = (0, 0);
-        for (k, &(_, a)) in rec.iter().enumerate() {
-            let x = &mut self.allocs[a as usize];
-            debug_assert!(x.state == State::Live && x.pins == 0);
-            live += x.size;
-            units += x.units();
-            x.generation = x.generation.wrapping_add(1);
-            x.state = State::Vacant;
-            let layout = std::mem::replace(&mut x.layout, Layout::None);
-            self.vacant_allocs.push(a);
-            each(self, k, layout);
-        }
-        self.counters.live_bytes -= live;
-        self.counters.frees += rec.len() as u64;
-        units
     }
 
     /// Frees the slots of a checked `free_batch`, merging each run of freed neighbours once.

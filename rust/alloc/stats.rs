@@ -305,15 +305,37 @@ impl Pool {
         }
     }
 
-    /// A batch record's members lie as its shape says: one block each, neighbours in order
-    /// (`Adjacent`), or every member of one group (`Group`).
+    /// The members of the uncut batch record whose block is `b`, if there is one.
+    pub(super) fn uncut_members(&self, b: u32) -> Option<&[(u64, u32)]> {
+        self.batches
+            .iter()
+            .find(|r| r.shape == Record::Uncut(b))
+            .map(|r| &r.members[..])
+    }
+
+    /// A batch record's members lie as its shape says: back to back in one used block, in
+    /// their order, the block the first member's (`Uncut`), or every member of one group
+    /// (`Group`).
     fn validate_record_shape(&self, rec: &BatchRecord) -> std::result::Result<(), String> {
-        let mut last = NIL;
+        let mut at = match rec.shape {
+            Record::Uncut(b) => {
+                let blk = &self.blocks[b as usize];
+                let first = rec.members.first().map(|e| e.1);
+                if blk.free || first != Some(blk.owner()) {
+                    return Err(format!(
+                        "block {b} of an uncut batch record is not its first member's"
+                    ));
+                }
+                self.direct_addr(blk.page, blk.off)
+            }
+            Record::Group(_) => 0,
+        };
         for &(p, a) in &rec.members {
-            let ok = match (rec.shape, self.allocs[a as usize].layout) {
-                (Record::Adjacent, Layout::Block(b)) => {
-                    let next = last == NIL || self.blocks[last as usize].next == b;
-                    last = b;
+            let x = &self.allocs[a as usize];
+            let ok = match (rec.shape, x.layout) {
+                (Record::Uncut(b), Layout::Block(c)) => {
+                    let next = b == c && p == at;
+                    at += x.units() * GRANULE;
                     next
                 }
                 (Record::Group(g), Layout::Member(h)) => g == h,
@@ -324,6 +346,12 @@ impl Pool {
                     "batch record member {p:#x} does not lie as {:?}",
                     rec.shape
                 ));
+            }
+        }
+        if let Record::Uncut(b) = rec.shape {
+            let blk = &self.blocks[b as usize];
+            if at != self.direct_addr(blk.page, blk.off) + blk.len as u64 * GRANULE {
+                return Err(format!("the members of uncut block {b} do not fill it"));
             }
         }
         if let Record::Group(g) = rec.shape {
@@ -523,8 +551,12 @@ impl Pool {
         // batch members not yet in the pointer index: the valid entries of batch records that
         // the index does not hold
         let mut pending: FxHashMap<u64, u32> = FxHashMap::default();
+        let mut uncut: rustc_hash::FxHashSet<u32> = Default::default();
         if let Some(m) = &self.by_ptr {
             for rec in &self.batches {
+                if let Record::Uncut(_) = rec.shape {
+                    uncut.extend(rec.members.iter().map(|e| e.1));
+                }
                 for &(p, a) in &rec.members {
                     if !self.batch_entry_valid((p, a)) || m.get(p).is_some() {
                         return Err(format!(
@@ -594,6 +626,9 @@ impl Pool {
             }
             let held = match x.layout {
                 Layout::Member(_) => x.units(),
+                // a member of an uncut batch record: its share of the block, checked with
+                // the record's shape
+                Layout::Block(_) if uncut.contains(&(a as u32)) => x.units(),
                 l => self
                     .held_granules(l, &mut mapped)
                     .ok_or_else(|| format!("allocation {a} has no memory"))?,
@@ -707,32 +742,47 @@ impl Pool {
                     let mut pages: Vec<PageSnapshot> = Vec::new();
                     for b in self.page_blocks(p as u32) {
                         let blk = &self.blocks[b as usize];
-                        let owner = self
-                            .holds(blk)
-                            .then(|| self.allocs[blk.owner() as usize].ptr);
-                        let (mut g, end) =
-                            (self.start_of(blk), self.start_of(blk) + blk.len as u64);
-                        while g < end {
-                            let q = g / pg;
-                            let cut = end.min((q + 1) * pg);
-                            if pages.last().is_none_or(|l| l.addr != q * ps) {
-                                pages.push(PageSnapshot {
-                                    addr: q * ps,
-                                    kind,
-                                    blocks: Vec::new(),
-                                });
-                            }
-                            let entry = pages.last_mut().expect("just pushed");
-                            let (off, len) = ((g - q * pg) * GRANULE, (cut - g) * GRANULE);
-                            match entry.blocks.last_mut() {
-                                // free memory is listed as free ranges: a cached block and the
-                                // free block beside it are one range (as once merged)
-                                Some((o, l, None)) if owner.is_none() && *o + *l == off => {
-                                    *l += len
+                        let start = self.start_of(blk);
+                        // an uncut batch block: its members' ranges, each its own owner
+                        let parts: Vec<(u64, u64, Option<u64>)> = match self.uncut_members(b) {
+                            Some(members) => members
+                                .iter()
+                                .map(|&(ptr, a)| (self.allocs[a as usize].units(), Some(ptr)))
+                                .scan(start, |g, (units, owner)| {
+                                    *g += units;
+                                    Some((*g - units, *g, owner))
+                                })
+                                .collect(),
+                            None => vec![(
+                                start,
+                                start + blk.len as u64,
+                                self.holds(blk)
+                                    .then(|| self.allocs[blk.owner() as usize].ptr),
+                            )],
+                        };
+                        for (mut g, end, owner) in parts {
+                            while g < end {
+                                let q = g / pg;
+                                let cut = end.min((q + 1) * pg);
+                                if pages.last().is_none_or(|l| l.addr != q * ps) {
+                                    pages.push(PageSnapshot {
+                                        addr: q * ps,
+                                        kind,
+                                        blocks: Vec::new(),
+                                    });
                                 }
-                                _ => entry.blocks.push((off, len, owner)),
+                                let entry = pages.last_mut().expect("just pushed");
+                                let (off, len) = ((g - q * pg) * GRANULE, (cut - g) * GRANULE);
+                                match entry.blocks.last_mut() {
+                                    // free memory is listed as free ranges: a cached block and the
+                                    // free block beside it are one range (as once merged)
+                                    Some((o, l, None)) if owner.is_none() && *o + *l == off => {
+                                        *l += len
+                                    }
+                                    _ => entry.blocks.push((off, len, owner)),
+                                }
+                                g = cut;
                             }
-                            g = cut;
                         }
                     }
                     out.extend(pages);

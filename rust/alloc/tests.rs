@@ -145,14 +145,34 @@ fn a_batch_in_one_block_is_cut_into_independent_allocations() {
     let mut ptrs = vec![];
     p.alloc_batch(&[1000, 3000, 256, 5000], 0, &mut ptrs)
         .unwrap();
-    // one placement, back to back at 256 B, each its own block
+    // one placement, back to back at 256 B
     assert_eq!(ptrs[1] - ptrs[0], 1024);
     assert_eq!(ptrs[2] - ptrs[1], 3072);
     assert_eq!(ptrs[3] - ptrs[2], 256);
+    // one block until a member is named alone (its record is uncut), but each member is its
+    // own allocation in the page map all the same
+    let slots: Vec<u32> = p.batches[0].members.iter().map(|e| e.1).collect();
+    let layouts: Vec<Layout> = slots.iter().map(|&a| p.allocs[a as usize].layout).collect();
+    assert!(layouts.iter().all(|&l| l == layouts[0]), "{layouts:?}");
+    let owners = |p: &Pool| -> Vec<u64> {
+        let map = p.page_snapshot();
+        map.iter()
+            .flat_map(|pg| pg.blocks.iter().filter_map(|b| b.2))
+            .collect()
+    };
+    let uncut = owners(&p);
+    assert_eq!(uncut, ptrs);
+    p.validate().unwrap();
+    // a lookup by pointer cuts it: each member its own block, the page map the same
     for &ptr in &ptrs {
         let a = p.slot_of_ptr(ptr).unwrap();
         assert!(matches!(p.allocs[a as usize].layout, Layout::Block(_)));
     }
+    let mut blocks: Vec<Layout> = slots.iter().map(|&a| p.allocs[a as usize].layout).collect();
+    blocks.dedup();
+    assert_eq!(blocks.len(), ptrs.len());
+    assert_eq!(owners(&p), uncut);
+    p.validate().unwrap();
     // one freed alone is reusable at once, by a request of its size
     p.free_ptr(ptrs[1]).unwrap();
     let (_, again) = p.alloc(req(3000)).unwrap();
@@ -200,18 +220,24 @@ fn a_batch_freed_whole_merges_once() {
         } else {
             p.alloc_batch(&sizes, 0, &mut out).unwrap();
         }
-        let (rec, shape) = p.take_batch_record(&out).expect("the batch's record");
+        let shape = p.batches.last().expect("the batch's record").shape;
         let blocks = p.vacant_blocks.len();
         if arena {
-            let Record::Group(g) = shape else {
-                panic!("an arena's record is its group, not {shape:?}")
-            };
-            p.release_group(&rec, g);
+            assert!(
+                matches!(shape, Record::Group(_)),
+                "an arena's record is its group, not {shape:?}"
+            );
         } else {
-            assert_eq!(shape, Record::Adjacent);
-            p.release_adjacent(&rec);
-            // every block but the first went, and the first merged with the hole around it
-            assert!(p.vacant_blocks.len() >= blocks + sizes.len() - 1);
+            assert!(
+                matches!(shape, Record::Uncut(_)),
+                "a batch in one block is uncut, not {shape:?}"
+            );
+        }
+        p.free_batch(&out).unwrap();
+        assert!(p.batches.is_empty());
+        if !arena {
+            // no block was made for the members, and theirs merged with the hole around it
+            assert!(p.vacant_blocks.len() > blocks);
         }
         p.validate().unwrap();
         let mut now = unchanging(&p);
@@ -221,6 +247,49 @@ fn a_batch_freed_whole_merges_once() {
     }
     p.free(left).unwrap();
     p.validate().unwrap();
+}
+
+/// `free_batch` of a whole batch checks and frees each member in one pass; a member that
+/// cannot be freed (pinned, or freed on a stream) met halfway restores the ones freed before
+/// it: the call is refused and the pool is as it was (the record then goes into the pointer
+/// index, as any lookup by pointer sends it, and its block is cut, which changes no page).
+#[test]
+fn a_refused_free_batch_restores_the_members_it_passed() {
+    let mut p = pool(64 * MIB);
+    let sizes = [1000u64, 5000, 70_000, 300, 9000];
+    for arena in [false, true] {
+        for on_stream in [false, true] {
+            let mut out = vec![];
+            if arena {
+                p.alloc_arena(&sizes, 0, &mut out).unwrap();
+            } else {
+                p.alloc_batch(&sizes, 0, &mut out).unwrap();
+            }
+            let third = p.id(p.batches[0].members[3].1);
+            let fence = if on_stream {
+                Some(p.free_async(third, 7).unwrap())
+            } else {
+                p.pin(third).unwrap();
+                None
+            };
+            let before = (unchanging(&p), p.page_snapshot(), p.allocations());
+            assert!(p.free_batch(&out).is_err());
+            let after = (unchanging(&p), p.page_snapshot(), p.allocations());
+            assert_eq!(after, before, "arena {arena}, on a stream {on_stream}");
+            assert!(p.batches.is_empty());
+            p.validate().unwrap();
+            match fence {
+                Some(fence) => {
+                    p.complete(fence).unwrap();
+                    out.remove(3);
+                }
+                None => p.unpin(third).unwrap(),
+            }
+            p.free_batch(&out).unwrap();
+            assert_eq!(p.stats().live_allocs, 0);
+            p.validate().unwrap();
+        }
+    }
 }
 
 /// The members of a batch made in one step wait in its record, not in the pointer index; a
