@@ -518,6 +518,8 @@ pub struct Pool {
     page_shift: u32,
     /// log2 of `pg`.
     gshift: u32,
+    /// The largest request the pool can ever serve, in bytes (`max_size()`: fixed when made).
+    max_bytes: u64,
     small_units: u64,
     slack_units: u32,
     direct_base: u64,
@@ -664,6 +666,7 @@ impl Pool {
             pg,
             page_shift: ps.trailing_zeros(),
             gshift: pg.trailing_zeros(),
+            max_bytes: max.min(num_pages as u64 * ps),
             small_units: cfg.small_threshold.div_ceil(GRANULE),
             slack_units: (cfg.tail_slack / GRANULE) as u32,
             direct_base: backend.direct_base(),
@@ -760,9 +763,10 @@ impl Pool {
         }
     }
 
+    /// The largest request the pool can ever serve: its `max_size`, at most its device.
+    #[inline]
     fn max_size(&self) -> u64 {
-        let vidmem = self.pages.len() as u64 * self.cfg.page_size;
-        self.cfg.max_size.unwrap_or(vidmem).min(vidmem)
+        self.max_bytes
     }
 
     // --------------------------------------------------------------------------------------
@@ -1946,33 +1950,34 @@ impl Pool {
         }
     }
 
-    #[inline]
+    /// A request's size in granules; a size of 0 or above `max_size()` is refused.
+    #[inline(always)]
     fn validate_size(&self, size: u64) -> Result<u64> {
-        if size == 0 {
-            return Err(invalid_size(
-                "allocation size must be at least 1 byte".into(),
-            ));
-        }
-        let max = self.max_size();
-        if size > max {
-            return Err(invalid_size(format!(
-                "cannot allocate {}: larger than the pool can ever hold ({})",
-                format_size(size),
-                format_size(max)
-            )));
+        if size.wrapping_sub(1) >= self.max_bytes {
+            return Err(self.size_error(size));
         }
         Ok(size.div_ceil(GRANULE))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn size_error(&self, size: u64) -> Error {
+        if size == 0 {
+            return invalid_size("allocation size must be at least 1 byte".into());
+        }
+        invalid_size(format!(
+            "cannot allocate {}: larger than the pool can ever hold ({})",
+            format_size(size),
+            format_size(self.max_bytes)
+        ))
     }
 
     /// The sizes of a batch, checked (the first bad one's error, as `validate_size` gives it),
     /// rounded and summed in granules (saturating: a sum too large is refused later).
     fn batch_units(&self, sizes: &[u64]) -> Result<u64> {
-        let (max, mut total) = (self.max_size(), 0u64);
+        let mut total = 0u64;
         for &size in sizes {
-            if size == 0 || size > max {
-                self.validate_size(size)?;
-            }
-            total = total.saturating_add(size.div_ceil(GRANULE));
+            total = total.saturating_add(self.validate_size(size)?);
         }
         Ok(total)
     }
