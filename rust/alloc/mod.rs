@@ -1018,7 +1018,7 @@ impl Pool {
 
     /// Uses `len` granules at `at` granules into free block `b` (not in any bin) for
     /// allocation `a`; the pieces before and after stay free and go to their bins.
-    #[inline]
+    #[inline(always)]
     fn carve(&mut self, b: u32, at: u32, len: u32, a: u32) -> u32 {
         let blk = self.blocks[b as usize];
         debug_assert!(blk.free && at + len <= blk.len);
@@ -1098,7 +1098,7 @@ impl Pool {
 
     /// A used block becomes free and merges with free neighbours; a page left empty becomes
     /// a free page.
-    #[inline]
+    #[inline(always)]
     fn release_block(&mut self, b: u32) {
         let blk = self.blocks[b as usize];
         debug_assert!(!blk.free);
@@ -1148,7 +1148,7 @@ impl Pool {
     /// A free block just merged (in no bin) goes where it belongs: back to the free pages if
     /// it is its whole page or segment, else its whole pages out (a pool that releases at
     /// once) or into its bins.
-    #[inline]
+    #[inline(always)]
     fn settle_free(&mut self, b: u32) {
         let u = self.blocks[b as usize];
         if u.prev == NIL && u.next == NIL {
@@ -1441,7 +1441,7 @@ impl Pool {
     /// A request in a free block of a large segment (good fit). A block at a segment's start
     /// is used from its end and any other from its start, so what is left keeps touching the
     /// segment's end or start and stays usable as a head or tail.
-    #[inline]
+    #[inline(always)]
     fn place_in_large_block(&mut self, units: u32, a: u32) -> Option<Layout> {
         let links = BlockLinksRef(&self.blocks);
         let b = if self.under_pressure() {
@@ -1832,7 +1832,7 @@ impl Pool {
     }
 
     /// Returns a layout's memory: blocks, pages and window.
-    #[inline]
+    #[inline(always)]
     fn unplace(&mut self, layout: Layout) {
         match layout {
             Layout::None => {}
@@ -2352,7 +2352,7 @@ impl Pool {
 
     /// `release_slot`; with `pending`, a one-block layout is only marked free (not merged or
     /// binned) and its block listed there, for `merge_pending`.
-    #[inline]
+    #[inline(always)]
     fn release_slot_into(&mut self, a: u32, pending: Option<&mut Vec<u32>>) {
         let x = &mut self.allocs[a as usize];
         let (ptr, units, freeing) = (x.ptr, x.units(), x.state == State::Freeing);
