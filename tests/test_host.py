@@ -114,3 +114,35 @@ def test_released_pages_give_memory_back():
     assert pool.trim() == 32 * MiB
     b = pool.alloc(32 * MiB)  # the punched pages read back as zeros
     assert read(b.ptr, 4096) == bytes(4096)
+
+
+def test_batch_members_keep_their_bytes_through_every_free(host_pool):
+    """A batch placed in one block is one block until a member is freed alone (then cut into
+    one per member); its members' bytes stay theirs either way, a free_batch refused because
+    one member is viewed frees nothing, and the page map lists every member."""
+    sizes = [1000, 5000, 70_000, 300, 9000]
+    ptrs = host_pool.alloc_batch(sizes)
+    members = {a.ptr: a for a in host_pool.allocations()}
+    for i, p in enumerate(ptrs):
+        ctypes.memset(int(p), i + 1, sizes[i])
+    owners = [owner for pg in host_pool.snapshot()["pages"] for _, _, owner in pg["blocks"]
+              if owner is not None]
+    assert list(dict.fromkeys(owners)) == [int(p) for p in ptrs]  # (a member may span pages)
+    view = np.asarray(members[int(ptrs[2])])  # a live view pins the third member
+    before = host_pool.stats()
+    with pytest.raises(gpumm.InvalidStateError):
+        host_pool.free_batch(ptrs)
+    after = host_pool.stats()
+    assert (after["live_allocs"], after["used_bytes"], after["frees"]) == (
+        before["live_allocs"], before["used_bytes"], before["frees"])
+    del view
+    gc.collect()
+    host_pool.free(int(ptrs[1]))  # one alone: the block is cut, the others keep their bytes
+    reuse = host_pool.alloc(5000)
+    ctypes.memset(reuse.ptr, 0xEE, 5000)
+    for i in (0, 2, 3, 4):
+        assert read(int(ptrs[i]), sizes[i]) == bytes([i + 1]) * sizes[i]
+    reuse.free()
+    host_pool.free_batch(ptrs[[0, 2, 3, 4]])
+    assert host_pool.stats()["live_allocs"] == 0
+    host_pool.validate()
