@@ -43,6 +43,17 @@ fn pool(vidmem: u64) -> Pool {
     pool_on(device(vidmem))
 }
 
+/// `sizes` allocated by `alloc_arena` (`arena`) or `alloc_batch`: their pointers.
+fn batch_of(p: &mut Pool, sizes: &[u64], arena: bool) -> Vec<u64> {
+    let mut out = vec![];
+    if arena {
+        p.alloc_arena(sizes, 0, &mut out).unwrap();
+    } else {
+        p.alloc_batch(sizes, 0, &mut out).unwrap();
+    }
+    out
+}
+
 fn req(size: u64) -> Request {
     Request {
         size,
@@ -214,12 +225,7 @@ fn a_batch_freed_whole_merges_once() {
     p.free_batch(&out).unwrap();
     let before = (unchanging(&p), p.page_snapshot());
     for arena in [false, true] {
-        out.clear();
-        if arena {
-            p.alloc_arena(&sizes, 0, &mut out).unwrap();
-        } else {
-            p.alloc_batch(&sizes, 0, &mut out).unwrap();
-        }
+        out = batch_of(&mut p, &sizes, arena);
         let shape = p.batches.last().expect("the batch's record").shape;
         let blocks = p.vacant_blocks.len();
         if arena {
@@ -259,12 +265,7 @@ fn a_refused_free_batch_restores_the_members_it_passed() {
     let sizes = [1000u64, 5000, 70_000, 300, 9000];
     for arena in [false, true] {
         for on_stream in [false, true] {
-            let mut out = vec![];
-            if arena {
-                p.alloc_arena(&sizes, 0, &mut out).unwrap();
-            } else {
-                p.alloc_batch(&sizes, 0, &mut out).unwrap();
-            }
+            let mut out = batch_of(&mut p, &sizes, arena);
             let third = p.id(p.batches[0].members[3].1);
             let fence = if on_stream {
                 Some(p.free_async(third, 7).unwrap())
@@ -302,12 +303,7 @@ fn batch_members_wait_in_a_record_for_their_free_batch() {
     let sizes = [1000u64, 5000, 70_000, 3 * MIB];
     let index_len = |p: &Pool| p.by_ptr.as_ref().map_or(0, |m| m.len());
     for arena in [false, true] {
-        let mut out = vec![];
-        if arena {
-            p.alloc_arena(&sizes, 0, &mut out).unwrap();
-        } else {
-            p.alloc_batch(&sizes, 0, &mut out).unwrap();
-        }
+        let out = batch_of(&mut p, &sizes, arena);
         assert_eq!((p.batches.len(), index_len(&p)), (1, 0));
         p.validate().unwrap();
         p.free_batch(&out).unwrap();
