@@ -744,22 +744,23 @@ impl Pool {
                         let blk = &self.blocks[b as usize];
                         let start = self.start_of(blk);
                         // an uncut batch block: its members' ranges, each its own owner
-                        let parts: Vec<(u64, u64, Option<u64>)> = match self.uncut_members(b) {
-                            Some(members) => members
-                                .iter()
-                                .map(|&(ptr, a)| (self.allocs[a as usize].units(), Some(ptr)))
-                                .scan(start, |g, (units, owner)| {
-                                    *g += units;
-                                    Some((*g - units, *g, owner))
-                                })
-                                .collect(),
-                            None => vec![(
-                                start,
-                                start + blk.len as u64,
-                                self.holds(blk)
-                                    .then(|| self.allocs[blk.owner() as usize].ptr),
-                            )],
-                        };
+                        let parts: Vec<(u64, u64, Option<u64>)> =
+                            match (!blk.free).then(|| self.uncut_members(b)).flatten() {
+                                Some(members) => members
+                                    .iter()
+                                    .map(|&(ptr, a)| (self.allocs[a as usize].units(), Some(ptr)))
+                                    .scan(start, |g, (units, owner)| {
+                                        *g += units;
+                                        Some((*g - units, *g, owner))
+                                    })
+                                    .collect(),
+                                None => vec![(
+                                    start,
+                                    start + blk.len as u64,
+                                    self.holds(blk)
+                                        .then(|| self.allocs[blk.owner() as usize].ptr),
+                                )],
+                            };
                         for (mut g, end, owner) in parts {
                             while g < end {
                                 let q = g / pg;
