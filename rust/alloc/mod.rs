@@ -2913,8 +2913,9 @@ impl Pool {
     /// last of them is freed. Each is an allocation of its own (freed by pointer, alone or in
     /// `free_batch`, listed, tracked), but memory freed early is not reusable until the whole
     /// arena is: for buffers that live and die together (one step's activations, a batch of
-    /// staging buffers). One placement instead of one per size makes it several times cheaper
-    /// than `alloc_batch` per allocation, and packs small sizes with no per-page rounding.
+    /// staging buffers). It is always one placement (stitched if need be), where
+    /// `alloc_batch` places a batch that fits no free range size by size; a batch that fits
+    /// one costs about the same either way (benches/RESULTS.md, ninth session).
     pub fn alloc_arena(&mut self, sizes: &[u64], stream: u64, out: &mut Vec<u64>) -> Result<()> {
         self.open()?;
         let total = self.batch_units(sizes)?;

@@ -519,11 +519,11 @@ impl PyPool {
     /// (the batch remembers its members; any other set is looked up pointer by pointer). Each
     /// is an allocation of its own; when the whole batch fits in one free range of the pool
     /// it is placed there, back to back, in one step (several times cheaper than a call per
-    /// size).
+    /// size; a batch that does not fit one free range is placed size by size).
     ///
     /// `arena=True` places them all at once, back to back at 256-byte alignment, in memory
-    /// that goes back to the pool when the last of them is freed: several times cheaper per
-    /// allocation, and no per-page rounding, for buffers that live and die together (one
+    /// that goes back to the pool when the last of them is freed: one placement whatever the
+    /// pool's free ranges (stitched if need be), for buffers that live and die together (one
     /// step's activations, a set of staging buffers). Memory of one freed early is not
     /// reusable until the whole arena is freed (`used_bytes` keeps counting it).
     ///
