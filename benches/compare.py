@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # gpumm's rows in benches/peers.rs: the default pool (it takes pages from the device as it
 # needs them), and one that reserves the whole device up front, as the peers manage it
-VARIANTS = {"gpumm": "", "gpumm-80G": " (pool: 80 GiB up front)"}
+VARIANTS = {"gpumm": "", "gpumm-80G": " (pool: 80 GiB up front)",
+            # its PMM, on the stream of one of its chunk sizes
+            "gpumm-pmm": " (PMM chunk)"}
 
 
 def criterion(quick: bool) -> Dict[Tuple[str, str], float]:
@@ -92,7 +94,7 @@ def main() -> int:
     py = median_rows([python_peers(args.quick) for _ in range(max(1, args.repeat))])
     fills = fill()
     rows = []
-    groups = ["peers-churn", "peers-fixed-1KiB"] + sorted(
+    groups = ["peers-churn", "peers-fixed-1KiB", "peers-fixed-64KiB"] + sorted(
         {g for g, _ in rust if g.startswith("peers-trace-")})
     for group in groups:
         for variant, label in VARIANTS.items():

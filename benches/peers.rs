@@ -7,12 +7,15 @@
 //!
 //! Streams: `churn` (2048 live allocations of log-uniform sizes 256 B – 64 MiB; each step frees
 //! a random one of the churning half and allocates a new size: one alloc + free pair),
-//! `fixed` (a 1 KiB pair on a warm allocator), and `trace-<name>`: the events of each real
-//! RMM-log trace in `../shared/traces/` (training steps of gpt2, bert, resnet50), replayed
-//! whole and what is left live freed, one iteration a replay, timed per operation (every
-//! allocation and every free); skipped, with a note, where that folder is absent. gpumm runs on an 80 GiB simulated device, as
-//! the default pool (taking pages as it needs them) and as `gpumm-80G`, a pool that reserves
-//! the whole device up front, as the peers manage the whole 80 GiB from the start.
+//! `fixed-1KiB` and `fixed-64KiB` (a pair of that size on a warm allocator), and
+//! `trace-<name>`: the events of each real RMM-log trace in `../shared/traces/` (training
+//! steps of gpt2, bert, resnet50), replayed whole and what is left live freed, one iteration a
+//! replay, timed per operation (every allocation and every free); skipped, with a note, where
+//! that folder is absent. gpumm runs on an 80 GiB simulated device, as the default pool
+//! (taking pages as it needs them) and as `gpumm-80G`, a pool that reserves the whole device
+//! up front, as the peers manage the whole 80 GiB from the start. Its PMM (`gpumm-pmm`) runs
+//! the 64 KiB stream, one of its chunk sizes: it serves chunk sizes only, so the streams of
+//! other sizes go through the pool, which takes its pages from it.
 //! `python benches/compare.py` prints the ratios.
 
 #![allow(unsafe_code)]
@@ -30,7 +33,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 
 use _core::alloc::Pool;
-use common::{Peer, G, M};
+use _core::pmm::{ChunkId, ChunkType, Pmm};
+use common::{Peer, G, K, M};
 
 /// gpumm's pool on an 80 GiB simulated device, reserving `initial` bytes when made.
 fn gpumm(initial: u64) -> Pool {
@@ -97,13 +101,30 @@ fn churn<P: Peer>(c: &mut Criterion, name: &str, mut p: P) {
     g.finish();
 }
 
-fn fixed<P: Peer>(c: &mut Criterion, name: &str, mut p: P) {
-    let mut g = c.benchmark_group("peers-fixed-1KiB");
+/// gpumm's PMM as an allocator of 64 KiB user chunks (a size it serves: its user chunks are
+/// 4 KiB, 64 KiB and 2 MiB; a stream of any other size goes through the pool, which takes its
+/// pages from the PMM).
+struct PmmChunks(Pmm);
+
+impl Peer for PmmChunks {
+    type H = ChunkId;
+    fn alloc(&mut self, size: u64) -> Option<ChunkId> {
+        self.0.alloc_chunk(size, ChunkType::User, false).ok()
+    }
+    fn free(&mut self, h: ChunkId) {
+        self.0.free(h).unwrap();
+    }
+}
+
+/// A pair of `size` on a warm allocator (70 of that size stay live), as `name` of group
+/// `peers-fixed-<label>`.
+fn fixed<P: Peer>(c: &mut Criterion, (size, label): (u64, &str), name: &str, mut p: P) {
+    let mut g = c.benchmark_group(format!("peers-fixed-{label}"));
     g.throughput(Throughput::Elements(1));
-    let _keep: Vec<P::H> = (0..70).map(|_| p.alloc(1024).unwrap()).collect();
+    let _keep: Vec<P::H> = (0..70).map(|_| p.alloc(size).unwrap()).collect();
     g.bench_function(name, |b| {
         b.iter(|| {
-            let h = p.alloc(black_box(1024)).unwrap();
+            let h = p.alloc(black_box(size)).unwrap();
             p.free(h);
         })
     });
@@ -203,14 +224,15 @@ fn benches(c: &mut Criterion) {
         Offset(offset_allocator::Allocator::new((80 * G / 256) as u32)),
     );
     churn(c, "rlsf", Rlsf::new());
-    fixed(c, "gpumm", gpumm(0));
-    fixed(
-        c,
-        "offset-allocator",
-        Offset(offset_allocator::Allocator::new((80 * G / 256) as u32)),
-    );
-    fixed(c, "rlsf", Rlsf::new());
     let offset = || Offset(offset_allocator::Allocator::new((80 * G / 256) as u32));
+    for size in [(1024, "1KiB"), (64 * K, "64KiB")] {
+        fixed(c, size, "gpumm", gpumm(0));
+        if size.0 == 64 * K {
+            fixed(c, size, "gpumm-pmm", PmmChunks(common::hopper(80 * G)));
+        }
+        fixed(c, size, "offset-allocator", offset());
+        fixed(c, size, "rlsf", Rlsf::new());
+    }
     for (name, events, keys) in traces() {
         let group = format!("peers-trace-{name}");
         trace(c, &group, "gpumm", &events, keys, gpumm(0));
