@@ -22,13 +22,15 @@ trait Filler {
     fn free(&mut self, h: u64);
 }
 
-struct Gpumm(Pool, Vec<_core::alloc::AllocId>);
+/// gpumm's pool, its allocations made movable or not.
+struct Gpumm(Pool, Vec<_core::alloc::AllocId>, bool);
 impl Filler for Gpumm {
     fn alloc(&mut self, size: u64) -> Option<u64> {
         let (id, _) = self
             .0
             .alloc(Request {
                 size,
+                movable: self.2,
                 ..Request::default()
             })
             .ok()?;
@@ -143,12 +145,12 @@ fn fill(f: &mut dyn Filler, seed: u64) -> (f64, u64) {
     }
 }
 
-fn gpumm(page: u64, small_threshold: Option<u64>) -> Gpumm {
+fn gpumm(page: u64, small_threshold: Option<u64>, movable: bool) -> Gpumm {
     let mut cfg = PoolConfig::new(page);
     if let Some(s) = small_threshold {
         cfg.small_threshold = s;
     }
-    Gpumm(common::pool_with(CAP, cfg), vec![])
+    Gpumm(common::pool_with(CAP, cfg), vec![], movable)
 }
 
 fn main() {
@@ -157,15 +159,19 @@ fn main() {
     let rows: Vec<(&str, Make)> = vec![
         (
             "gpumm (2 MiB pages)",
-            Box::new(|| Box::new(gpumm(2 * M, None))),
+            Box::new(|| Box::new(gpumm(2 * M, None, false))),
+        ),
+        (
+            "gpumm (2 MiB pages, movable allocations)",
+            Box::new(|| Box::new(gpumm(2 * M, None, true))),
         ),
         (
             "gpumm (2 MiB pages, small_threshold 128 KiB)",
-            Box::new(|| Box::new(gpumm(2 * M, Some(128 * K)))),
+            Box::new(|| Box::new(gpumm(2 * M, Some(128 * K), false))),
         ),
         (
             "gpumm (64 KiB pages)",
-            Box::new(|| Box::new(gpumm(64 * K, None))),
+            Box::new(|| Box::new(gpumm(64 * K, None, false))),
         ),
         (
             "offset-allocator",

@@ -127,6 +127,12 @@ const PAIR_SCAN: usize = 4;
 /// requests 87 → 39 per thousand pairs (benches/RESULTS.md).
 const RUN_FIRST_DIV: u64 = 16;
 
+/// `defrag` slides an allocation of a large segment down over a free block only if that
+/// block is at least 1/`SLIDE_MIN_DIV` of the allocation's length: a copy engine that cannot
+/// copy overlapping ranges (CUDA's) moves it in pieces of the free block's length, so at
+/// most this many.
+const SLIDE_MIN_DIV: u64 = 64;
+
 /// How many batch records (see `Pool::batches`) wait outside the pointer index at most.
 const BATCH_RECORDS: usize = 64;
 
@@ -2099,6 +2105,9 @@ impl Pool {
                 // inside a batch: a refused batch is undone exactly, which a move into pages
                 // taken for the batch would prevent.)
                 if !self.batching && self.has_movable() {
+                    // (the first attempt's page changes are undone first: compaction moves
+                    // the blocks they name)
+                    self.undo_to(mark);
                     self.defrag_inner();
                 }
                 match self.place(units, a, true) {
@@ -3183,9 +3192,10 @@ impl Pool {
             .any(|x| x.state == State::Live && x.movable && x.pins == 0)
     }
 
-    /// Compacts heap pages: moves movable allocations out of the emptiest heap pages into
-    /// free blocks of the others (copying their bytes), then gives every free page back to the
-    /// device.
+    /// Compacts the pool: moves movable allocations out of the emptiest heap pages into free
+    /// blocks of the others, slides those of each large segment down over the free space
+    /// before them (`compact_segments`), copying their bytes, then gives every free page back
+    /// to the device.
     pub fn defrag(&mut self) -> Result<DefragReport> {
         self.open()?;
         self.flush_cache();
@@ -3199,8 +3209,112 @@ impl Pool {
     /// Heap pages sorted fullest first; the emptiest are emptied into the fullest (first
     /// fit, walking the destination pages: defrag is on demand, so a walk is fine). A page is
     /// a source only if every allocation in it may move, and never both source and target.
+    /// Then large segments are compacted (`compact_segments`).
     fn defrag_inner(&mut self) -> DefragReport {
         let mut report = DefragReport::default();
+        self.evacuate_heap_pages(&mut report);
+        self.compact_segments(&mut report);
+        report
+    }
+
+    /// Large segments, each walked from its start: a movable allocation that follows a free
+    /// block slides down over it (`slide_down`), and the free block, now after it, takes in
+    /// the free block that follows, so that the free space of a run of movable allocations
+    /// gathers behind them, where its whole pages can go back (`reclaim`) and what is left
+    /// touches the next allocation or the segment's end. An allocation that may not move
+    /// (made without `movable=True`, viewed, freed on a stream, stitched or part of a batch
+    /// block) stays, and the walk goes on after it. Holes inside partly used pages are what
+    /// a stitched request cannot use (free space is only usable at a page's start or end):
+    /// this turns them into whole pages.
+    fn compact_segments(&mut self, report: &mut DefragReport) {
+        for p in 0..self.pages.len() as u32 {
+            if self.pages[p as usize] != PageKind::Large {
+                continue;
+            }
+            let mut b = self.page_first[p as usize];
+            while b != NIL {
+                let next = self.blocks[b as usize].next;
+                if next != NIL
+                    && self.binned_free(b)
+                    && self.slidable(next)
+                    && self.blocks[b as usize].len as u64 * SLIDE_MIN_DIV
+                        >= self.blocks[next as usize].len as u64
+                {
+                    if !self.slide_down(b, next, report) {
+                        return; // the backend could not copy: leave the rest as it is
+                    }
+                    continue; // `b` is now after `next`, merged with what followed
+                }
+                b = next;
+            }
+        }
+    }
+
+    /// Whether used block `u` is the whole of a live allocation that may move now.
+    fn slidable(&self, u: u32) -> bool {
+        let blk = &self.blocks[u as usize];
+        if blk.free {
+            return false;
+        }
+        let x = &self.allocs[blk.owner() as usize];
+        x.state == State::Live
+            && x.movable
+            && x.pins == 0
+            && x.layout == Layout::Block(u)
+            && x.units() == blk.len as u64
+    }
+
+    /// Slides used block `u` down over free block `f` just before it (in a large segment):
+    /// the allocation's bytes move to `f`'s start (an overlapping move: the backends' `copy`
+    /// allows it), `f` follows it and takes in a free block after it. False, nothing changed,
+    /// when the backend could not copy.
+    fn slide_down(&mut self, f: u32, u: u32, report: &mut DefragReport) -> bool {
+        let (fb, ub) = (self.blocks[f as usize], self.blocks[u as usize]);
+        let a = ub.owner();
+        let old = self.allocs[a as usize].ptr;
+        let new = self.direct_addr(fb.page, fb.off);
+        let bytes = ub.len as u64 * GRANULE;
+        if self.dev.backend.copy(new, old, bytes).is_err() {
+            return false;
+        }
+        self.remove_free(f);
+        let (fp, fo) = self.locate(self.start_of(&fb) + ub.len as u64);
+        {
+            let x = &mut self.blocks[u as usize];
+            (x.page, x.off, x.prev, x.next) = (fb.page, fb.off, fb.prev, f);
+        }
+        {
+            let y = &mut self.blocks[f as usize];
+            (y.page, y.off, y.prev, y.next) = (fp, fo, u, ub.next);
+        }
+        if fb.prev != NIL {
+            self.blocks[fb.prev as usize].next = u;
+        } else {
+            self.page_first[fb.page as usize] = u;
+        }
+        if ub.next != NIL {
+            self.blocks[ub.next as usize].prev = f;
+            if self.binned_free(ub.next) {
+                self.remove_free(ub.next);
+                self.absorb_next(f);
+            }
+        }
+        // (binned, not settled: a pool that releases at once would split the segment here;
+        // `defrag` and the way to out of memory reclaim the whole pages afterwards)
+        self.insert_free(f);
+        self.allocs[a as usize].ptr = new;
+        self.unindex(old);
+        if let Some(m) = &mut self.by_ptr {
+            m.insert(new, a);
+        }
+        report.moved_allocs += 1;
+        report.moved_bytes += bytes;
+        report.moves.push((self.id(a), old, new));
+        true
+    }
+
+    /// The heap pages part of `defrag_inner`.
+    fn evacuate_heap_pages(&mut self, report: &mut DefragReport) {
         let mut order: Vec<(u32, u32)> = (0..self.pages.len() as u32)
             .filter(|&p| self.pages[p as usize] == PageKind::Heap)
             .map(|p| (self.page_used(p), p))
@@ -3287,7 +3401,6 @@ impl Pool {
                 report.pages_emptied += 1;
             }
         }
-        report
     }
 
     /// Granules in used blocks of a heap or large page (a walk: for defrag and statistics).

@@ -749,6 +749,76 @@ fn defrag_empties_heap_pages() {
     }
 }
 
+/// Allocations of `sizes` in turn (movable or not) on a 16 MiB device, then every one at an
+/// odd position freed: what is left is `(pool, [(id, ptr, size)] kept)`.
+fn holes_between(movable: bool, sizes: &[u64], count: usize) -> (Pool, Vec<(AllocId, u64, u64)>) {
+    let mut p = pool(16 * MIB);
+    let mut made = vec![];
+    for i in 0..count {
+        let size = sizes[i % sizes.len()];
+        let (id, ptr) = p
+            .alloc(Request {
+                size,
+                movable,
+                ..Request::default()
+            })
+            .unwrap();
+        made.push((id, ptr, size));
+    }
+    let mut kept = vec![];
+    for (i, m) in made.into_iter().enumerate() {
+        if i % 2 == 1 {
+            p.free(m.0).unwrap();
+        } else {
+            kept.push(m);
+        }
+    }
+    (p, kept)
+}
+
+#[test]
+fn defrag_compacts_large_segments() {
+    // 10 × 1.5 MiB back to back in 8 pages, every other freed: 7.5 MiB free in holes of
+    // 1.5 MiB, none of which holds a whole page
+    let (mut p, kept) = holes_between(true, &[3 * MIB / 2], 10);
+    let s = p.stats();
+    assert_eq!((s.pages_free, s.reserved_bytes), (0, 16 * MIB));
+    assert!(s.largest_request < 4 * MIB, "{s:?}");
+    let r = p.defrag().unwrap();
+    // the pool made three segments of them (pages 0–2, 3–5, 6–7); in each, the allocation
+    // after a hole slides down over it, and the hole, now at the segment's end, holds a
+    // whole page
+    assert_eq!(r.moved_allocs, 2);
+    assert_eq!(r.moved_bytes, 2 * 3 * MIB / 2);
+    for &(id, old, new) in &r.moves {
+        assert_eq!(p.info(id).unwrap().ptr, new);
+        assert_eq!(old - new, 3 * MIB / 2);
+    }
+    assert_eq!(r.bytes_released, 3 * 2 * MIB);
+    assert_eq!(p.stats().reserved_bytes, 10 * MIB);
+    for k in &kept {
+        assert_eq!(p.info(k.0).unwrap().size, k.2);
+    }
+    // and a request that no layout of the holes could serve now fits
+    p.alloc(req(6 * MIB)).unwrap();
+}
+
+#[test]
+fn the_way_to_out_of_memory_compacts_large_segments() {
+    // a 4 MiB request among holes of 1.5 MiB: refused while the allocations may not move,
+    // served once they may (compacted on the way to out of memory)
+    let (mut fixed, _) = holes_between(false, &[3 * MIB / 2], 10);
+    assert!(matches!(
+        fixed.alloc(req(4 * MIB)),
+        Err(Error::OutOfMemory(_))
+    ));
+    let (mut p, kept) = holes_between(true, &[3 * MIB / 2], 10);
+    p.alloc(req(4 * MIB)).unwrap();
+    for k in kept {
+        p.free(k.0).unwrap();
+    }
+}
+
 #[test]
 fn scopes_free_what_they_made() {
     let mut p = pool(16 * MIB);
@@ -948,6 +1018,55 @@ fn host_defrag_moves_bytes() {
         let b = unsafe { std::slice::from_raw_parts(ptr as *const u8, (64 * KIB) as usize) };
         assert!(
             b.iter().all(|&x| x == i as u8),
+            "allocation {i} lost its bytes"
+        );
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn host_compaction_moves_bytes_over_overlapping_ranges() {
+    // 1 MiB and 3 MiB allocations in turn (the pool puts each pair in a segment of two
+    // pages); the 1 MiB ones freed: each 3 MiB one slides down by 1 MiB, less than its own
+    // length (source and destination overlap)
+    let dev = host_device(16 * MIB);
+    let mut p = pool_on(dev);
+    let mut made = vec![];
+    for i in 0..8u64 {
+        let size = if i % 2 == 0 { MIB } else { 3 * MIB };
+        let (id, ptr) = p
+            .alloc(Request {
+                size,
+                movable: true,
+                ..Request::default()
+            })
+            .unwrap();
+        made.push((id, ptr, size));
+    }
+    for (i, &(id, ptr, size)) in made.iter().enumerate() {
+        if i % 2 == 0 {
+            p.free(id).unwrap();
+        } else {
+            // SAFETY: a live allocation of `size` bytes of the host backend.
+            let b = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size as usize) };
+            for (j, x) in b.iter_mut().enumerate() {
+                *x = (j % 251) as u8 ^ i as u8;
+            }
+        }
+    }
+    let r = p.defrag().unwrap();
+    assert!(
+        r.moves.iter().any(|&(_, old, new)| old - new < 3 * MIB),
+        "no overlapping move: {r:?}"
+    );
+    for (i, &(id, _, size)) in made.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+        let ptr = p.info(id).unwrap().ptr;
+        // SAFETY: as above, at its (possibly new) address.
+        let b = unsafe { std::slice::from_raw_parts(ptr as *const u8, size as usize) };
+        assert!(
+            b.iter()
+                .enumerate()
+                .all(|(j, &x)| x == (j % 251) as u8 ^ i as u8),
             "allocation {i} lost its bytes"
         );
     }

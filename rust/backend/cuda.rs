@@ -445,14 +445,18 @@ impl Backend for Cuda {
     }
     fn copy(&self, dst: u64, src: u64, len: u64) -> Result<()> {
         self.current();
+        // The driver's copy of overlapping ranges is undefined (a large allocation slid down
+        // over a smaller hole by `defrag` overlaps itself): disjoint pieces, in order.
         // SAFETY: both ranges are mapped device memory of this backend (the pool's own); the
-        // copy is queued on the null stream, which is then waited for.
+        // copies are queued on the null stream, in order, which is then waited for.
         unsafe {
             let null = std::ptr::null_mut();
-            check(
-                "cuMemcpyAsync",
-                (self.f.memcpy_async)(dst, src, len as usize, null),
-            )?;
+            for (d, s, l) in super::disjoint_pieces(dst, src, len) {
+                check(
+                    "cuMemcpyAsync",
+                    (self.f.memcpy_async)(d, s, l as usize, null),
+                )?;
+            }
             check("cuStreamSynchronize", (self.f.stream_synchronize)(null))
         }
     }

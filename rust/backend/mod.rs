@@ -237,3 +237,49 @@ impl Backend for Faulty {
         self.inner.fence_drop(fence)
     }
 }
+
+/// A move of `len` bytes from `src` to `dst` as copies whose source and destination do not
+/// overlap, in an order that reads every byte before it is overwritten: one copy when the
+/// ranges are apart; when they overlap, pieces of `|dst - src|` bytes, from the low end for a
+/// move down and from the high end for a move up. For copy engines whose copies of
+/// overlapping ranges are undefined (CUDA's), under `Backend::copy`, which allows overlap.
+pub fn disjoint_pieces(dst: u64, src: u64, len: u64) -> Vec<(u64, u64, u64)> {
+    let step = dst.abs_diff(src);
+    if step >= len || step == 0 {
+        return if len == 0 || step == 0 {
+            vec![]
+        } else {
+            vec![(dst, src, len)]
+        };
+    }
+    let piece = |off: u64| (dst + off, src + off, step.min(len - off));
+    let mut pieces: Vec<_> = (0..len.div_ceil(step)).map(|k| piece(k * step)).collect();
+    if dst > src {
+        pieces.reverse();
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::disjoint_pieces;
+
+    proptest! {
+        /// The pieces, each copied on its own without overlap, move the bytes as `memmove`.
+        #[test]
+        fn disjoint_pieces_move_as_memmove(dst in 0u64..64, src in 0u64..64, len in 0u64..64) {
+            let start: Vec<u8> = (0..128u8).collect();
+            let mut want = start.clone();
+            want.copy_within(src as usize..(src + len) as usize, dst as usize);
+            let mut got = start;
+            for (d, s, l) in disjoint_pieces(dst, src, len) {
+                prop_assert!(d + l <= s || s + l <= d, "piece ({d}, {s}, {l}) overlaps");
+                let piece = got[s as usize..(s + l) as usize].to_vec();
+                got[d as usize..(d + l) as usize].copy_from_slice(&piece);
+            }
+            prop_assert_eq!(got, want);
+        }
+    }
+}

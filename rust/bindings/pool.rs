@@ -580,8 +580,10 @@ impl PyPool {
         self.with(py, |p| p.synchronize(stream)).py_err(py)
     }
 
-    /// Compacts heap pages (moving allocations made with `movable=True`) and gives every
-    /// free page back to the device. Returns a report.
+    /// Compacts the pool, moving allocations made with `movable=True`: empties the emptiest
+    /// heap pages into the fullest, slides the allocations of each large segment down over
+    /// the free space before them (so that holes inside partly used pages become whole
+    /// pages), and gives every free page back to the device. Returns a report.
     fn defrag<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let r = self.with(py, |p| p.defrag()).py_err(py)?;
         let d = PyDict::new(py);

@@ -133,10 +133,12 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     void *p = mmap((void *)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     return p == MAP_FAILED ? INVALID_VALUE : OK;
 }
-CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { memmove((void *)dst, (void *)src, n); return OK; }
+/* Copies of overlapping ranges are undefined in the real driver: refused here. */
+static int overlap(CUdeviceptr dst, CUdeviceptr src, size_t n) { return dst < src + n && src < dst + n && dst != src; }
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { if (overlap(dst, src, n)) return INVALID_VALUE; memcpy((void *)dst, (void *)src, n); return OK; }
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) { memset((void *)dst, v, n); return OK; }
 CUresult cuCtxSynchronize(void) { return OK; }
-CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) { (void)s; memmove((void *)dst, (void *)src, n); return OK; }
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) { (void)s; if (overlap(dst, src, n)) return INVALID_VALUE; memcpy((void *)dst, (void *)src, n); return OK; }
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) { (void)s; memset((void *)dst, v, n); return OK; }
 CUresult cuStreamSynchronize(CUstream s) { (void)s; return OK; }
 
