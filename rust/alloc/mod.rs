@@ -3274,7 +3274,7 @@ impl Pool {
         let old = self.allocs[a as usize].ptr;
         let new = self.direct_addr(fb.page, fb.off);
         let bytes = ub.len as u64 * GRANULE;
-        if self.dev.backend.copy(new, old, bytes).is_err() {
+        if !self.move_bytes(new, old, bytes) {
             return false;
         }
         self.remove_free(f);
@@ -3310,6 +3310,25 @@ impl Pool {
         report.moved_allocs += 1;
         report.moved_bytes += bytes;
         report.moves.push((self.id(a), old, new));
+        true
+    }
+
+    /// Moves an allocation's `bytes` from `old` to `new` (the ranges may overlap); in a pool
+    /// that scrubs, the part of the old range that the new one does not cover is zeroed, as
+    /// memory a free gives back is. False when the backend could not copy.
+    fn move_bytes(&self, new: u64, old: u64, bytes: u64) -> bool {
+        if self.dev.backend.copy(new, old, bytes).is_err() {
+            return false;
+        }
+        if self.cfg.scrub {
+            let (start, end) = if new < old {
+                (old.max(new + bytes), old + bytes)
+            } else {
+                (old, (old + bytes).min(new))
+            };
+            let r = self.dev.backend.zero(start, end - start);
+            debug_assert!(r.is_ok(), "scrub failed: {r:?}");
+        }
         true
     }
 
@@ -3365,12 +3384,7 @@ impl Pool {
                 let old = self.allocs[a as usize].ptr;
                 let new =
                     self.direct_addr(self.blocks[nb as usize].page, self.blocks[nb as usize].off);
-                if self
-                    .dev
-                    .backend
-                    .copy(new, old, len as u64 * GRANULE)
-                    .is_err()
-                {
+                if !self.move_bytes(new, old, len as u64 * GRANULE) {
                     // the data could not move: this allocation stays where it is
                     self.release_block(nb);
                     break;

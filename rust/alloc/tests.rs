@@ -1072,6 +1072,49 @@ fn host_compaction_moves_bytes_over_overlapping_ranges() {
     }
 }
 
+#[cfg(target_os = "linux")]
+#[test]
+fn a_scrubbing_pool_zeroes_what_a_slide_leaves_behind() {
+    // as above, in a pool that scrubs: the end of the old range that a slide leaves free
+    // reads zero, as memory a free gives back does
+    let dev = host_device(16 * MIB);
+    let mut cfg = PoolConfig::new(2 * MIB);
+    (cfg.check, cfg.scrub) = (true, true);
+    let mut p = Pool::new(dev, cfg).unwrap();
+    let made: Vec<_> = (0..4u64)
+        .map(|i| {
+            let size = if i % 2 == 0 { MIB } else { 3 * MIB };
+            p.alloc(Request {
+                size,
+                movable: true,
+                ..Request::default()
+            })
+            .unwrap()
+        })
+        .collect();
+    for (i, &(id, ptr)) in made.iter().enumerate() {
+        if i % 2 == 0 {
+            p.free(id).unwrap();
+        } else {
+            // SAFETY: a live 3 MiB allocation of the host backend.
+            unsafe { std::ptr::write_bytes(ptr as *mut u8, 0xAB, (3 * MIB) as usize) };
+        }
+    }
+    let r = p.defrag().unwrap();
+    assert_eq!(r.moved_allocs, 2);
+    for &(_, old, new) in &r.moves {
+        assert_eq!(old - new, MIB);
+        // the last MiB of the old range: free now, in the page the allocation still ends in
+        let tail = old + 2 * MIB;
+        // SAFETY: held memory of the host backend (the allocation ends in the same page).
+        let b = unsafe { std::slice::from_raw_parts(tail as *const u8, MIB as usize) };
+        assert!(b.iter().all(|&x| x == 0), "stale bytes at {tail:#x}");
+        // SAFETY: the allocation, at its new address.
+        let a = unsafe { std::slice::from_raw_parts(new as *const u8, (3 * MIB) as usize) };
+        assert!(a.iter().all(|&x| x == 0xAB));
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // Model-based: random streams of operations against a shadow map of live ranges.
 
