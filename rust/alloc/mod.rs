@@ -3206,10 +3206,8 @@ impl Pool {
         Ok(report)
     }
 
-    /// Heap pages sorted fullest first; the emptiest are emptied into the fullest (first
-    /// fit, walking the destination pages: defrag is on demand, so a walk is fine). A page is
-    /// a source only if every allocation in it may move, and never both source and target.
-    /// Then large segments are compacted (`compact_segments`).
+    /// `defrag`'s moves: heap pages emptied (`evacuate_heap_pages`), then large segments
+    /// compacted (`compact_segments`).
     fn defrag_inner(&mut self) -> DefragReport {
         let mut report = DefragReport::default();
         self.evacuate_heap_pages(&mut report);
@@ -3332,7 +3330,9 @@ impl Pool {
         true
     }
 
-    /// The heap pages part of `defrag_inner`.
+    /// Heap pages sorted fullest first; the emptiest are emptied into the fullest (first
+    /// fit, walking the destination pages: defrag is on demand, so a walk is fine). A page is
+    /// a source only if every allocation in it may move, and never both source and target.
     fn evacuate_heap_pages(&mut self, report: &mut DefragReport) {
         let mut order: Vec<(u32, u32)> = (0..self.pages.len() as u32)
             .filter(|&p| self.pages[p as usize] == PageKind::Heap)
