@@ -251,7 +251,10 @@ pub struct AllocInfo {
 pub struct DefragReport {
     pub moved_allocs: u64,
     pub moved_bytes: u64,
+    /// Heap pages emptied (the pages a large segment's compaction frees are in
+    /// `bytes_released`).
     pub pages_emptied: u64,
+    /// Free pages given back to the device at the end.
     pub bytes_released: u64,
     /// (allocation, old pointer, new pointer)
     pub moves: Vec<(AllocId, u64, u64)>,
