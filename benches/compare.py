@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import re
 import statistics
 import subprocess
@@ -75,6 +77,20 @@ def python_peers(quick: bool) -> Dict[Tuple[str, str], float]:
             for b in data["benchmarks"]}
 
 
+def machine() -> str:
+    """The CPU model and core count, as the results' machine (ratios move between machines:
+    benches/RESULTS.md, tenth session)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
 def median_rows(runs: List[Dict[Tuple[str, str], float]]) -> Dict[Tuple[str, str], float]:
     """Each row's median over several runs (rows missing from a run are left out of it)."""
     keys = {k for r in runs for k in r}
@@ -133,10 +149,11 @@ def main() -> int:
                 rows.append({"scenario": f"fill to failure, % in use {gname[6:]}", "peer": name,
                              "gpumm_ns": gp[gname], "peer_ns": pct, "ratio": gp[gname] / pct})
     if args.json:
-        print(json.dumps({"rows": rows, "rust_ns": {f"{k[0]}/{k[1]}": v for k, v in rust.items()},
+        print(json.dumps({"machine": machine(), "rows": rows, "rust_ns": {f"{k[0]}/{k[1]}": v for k, v in rust.items()},
                           "python_ns": {f"{k[0]}/{k[1]}": v for k, v in py.items()},
                           "fill_percent": dict(fills)}, indent=2))
         return 0
+    print(f"machine: {machine()}")
     print(f"{'scenario':62} {'peer':22} {'gpumm':>10} {'peer':>10} {'gpumm/peer':>10}")
     for r in rows:
         unit = "%" if "fill" in r["scenario"] else "ns"

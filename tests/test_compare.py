@@ -1,6 +1,7 @@
 """benches/compare.py's own arithmetic (the benchmarks it runs are not run here)."""
 
 import importlib.util
+import os
 from pathlib import Path
 
 spec = importlib.util.spec_from_file_location(
@@ -15,3 +16,8 @@ def test_repeated_runs_give_each_row_its_median():
             {("churn", "gpumm"): 160.0, ("churn", "null"): 64.0}]
     assert compare.median_rows(runs) == {("churn", "gpumm"): 160.0, ("churn", "null"): 62.0}
     assert compare.median_rows(runs[:1]) == runs[0]
+
+
+def test_the_machine_is_named():
+    m = compare.machine()
+    assert f"{os.cpu_count()} cores" in m and "Python 3." in m
