@@ -1115,6 +1115,64 @@ fn a_scrubbing_pool_zeroes_what_a_slide_leaves_behind() {
     }
 }
 
+#[cfg(target_os = "linux")]
+#[test]
+fn a_scrubbing_pool_zeroes_what_a_heap_move_leaves_behind() {
+    // Two heap pages, each half used by movable 256 KiB allocations holding 0xCD, and two free
+    // pages: a 6 MiB request needs three pages, so the way to out of memory empties one heap
+    // page into the other's holes and takes it. In a pool that scrubs, the request then
+    // reads zero everywhere, the emptied page's old bytes included.
+    let dev = host_device(8 * MIB);
+    let mut cfg = PoolConfig::new(2 * MIB);
+    (cfg.check, cfg.scrub) = (true, true);
+    let mut p = Pool::new(dev, cfg).unwrap();
+    let small = 256 * 1024;
+    let made: Vec<_> = (0..16)
+        .map(|_| {
+            p.alloc(Request {
+                size: small,
+                movable: true,
+                ..Request::default()
+            })
+            .unwrap()
+        })
+        .collect();
+    assert_eq!(p.stats().pages_heap, 2);
+    for (i, &(id, ptr)) in made.iter().enumerate() {
+        if i % 2 == 0 {
+            p.free(id).unwrap();
+        } else {
+            // SAFETY: a live 256 KiB allocation of the host backend.
+            unsafe { std::ptr::write_bytes(ptr as *mut u8, 0xCD, small as usize) };
+        }
+    }
+    let (id, ptr) = p
+        .alloc(Request {
+            size: 6 * MIB,
+            ..Request::default()
+        })
+        .unwrap();
+    assert_eq!(p.stats().pages_heap, 1);
+    // SAFETY: the live 6 MiB allocation just made.
+    let b = unsafe { std::slice::from_raw_parts(ptr as *const u8, (6 * MIB) as usize) };
+    if let Some(at) = b.iter().position(|&x| x != 0) {
+        panic!(
+            "stale byte {:#x} at offset {at:#x} of the new allocation",
+            b[at]
+        );
+    }
+    for &(id, ptr) in made.iter().skip(1).step_by(2) {
+        let now = p.info(id).unwrap().ptr;
+        // SAFETY: a live 256 KiB allocation, at its current address.
+        let a = unsafe { std::slice::from_raw_parts(now as *const u8, small as usize) };
+        assert!(
+            a.iter().all(|&x| x == 0xCD),
+            "moved from {ptr:#x} to {now:#x}"
+        );
+    }
+    p.free(id).unwrap();
+}
+
 // ------------------------------------------------------------------------------------------
 // Model-based: random streams of operations against a shadow map of live ranges.
 
