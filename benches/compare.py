@@ -1,5 +1,6 @@
 """Runs the peer benchmarks (criterion and pytest-benchmark, peers in the same run) and the
-fill-to-failure measure, and prints one table of ratios (gpumm ÷ peer, per scenario).
+fill-to-failure and churn-capacity measures, and prints one table of ratios (gpumm ÷ peer, per
+scenario).
 
     python benches/compare.py            # a table
     python benches/compare.py --json     # the same as JSON
@@ -50,15 +51,26 @@ def criterion(quick: bool) -> Dict[Tuple[str, str], float]:
     return out
 
 
-def fill() -> List[Tuple[str, float]]:
+def fill() -> Tuple[List[Tuple[str, float]], List[Tuple[str, float]]]:
+    """benches/fill.rs's two tables (see `parse_fill`)."""
     r = subprocess.run(["cargo", "bench", "--no-default-features", "--bench", "fill"], cwd=ROOT,
                        check=True, capture_output=True, text=True)
-    rows = []
-    for line in r.stdout.splitlines():
+    return parse_fill(r.stdout)
+
+
+def parse_fill(text: str) -> Tuple[List[Tuple[str, float]], List[Tuple[str, float]]]:
+    """(allocator, mean % of the device in use at the first failure) and (allocator, GiB of
+    the smallest device that serves the churn stream; one that 80 GiB does not serve is left
+    out) from benches/fill.rs's output."""
+    fills, devices = [], []
+    for line in text.splitlines():
         m = re.match(r"\| (.+?) \| .* \| ([0-9.]+) % \|$", line)
         if m:
-            rows.append((m.group(1), float(m.group(2))))
-    return rows
+            fills.append((m.group(1), float(m.group(2))))
+        m = re.match(r"\| (.+?) \| ([0-9.]+) GiB \|$", line)
+        if m:
+            devices.append((m.group(1), float(m.group(2))))
+    return fills, devices
 
 
 def python_peers(quick: bool) -> Dict[Tuple[str, str], float]:
@@ -108,7 +120,7 @@ def main() -> int:
     args = ap.parse_args()
     rust = criterion(args.quick)
     py = median_rows([python_peers(args.quick) for _ in range(max(1, args.repeat))])
-    fills = fill()
+    fills, devices = fill()
     rows = []
     groups = ["peers-churn", "peers-fixed-1KiB", "peers-fixed-64KiB"] + sorted(
         {g for g, _ in rust if g.startswith("peers-trace-")})
@@ -148,17 +160,25 @@ def main() -> int:
             for gname in [g for g in gp if g.startswith("gpumm")]:
                 rows.append({"scenario": f"fill to failure, % in use {gname[6:]}", "peer": name,
                              "gpumm_ns": gp[gname], "peer_ns": pct, "ratio": gp[gname] / pct})
+    gd = dict(devices)
+    for name, gib in devices:
+        if not name.startswith("gpumm"):
+            for gname in [g for g in gd if g.startswith("gpumm")]:
+                rows.append({"scenario": f"smallest device for the churn stream {gname[6:]}",
+                             "peer": name, "gpumm_ns": gd[gname], "peer_ns": gib,
+                             "ratio": gd[gname] / gib})
     if args.json:
         print(json.dumps({"machine": machine(), "rows": rows, "rust_ns": {f"{k[0]}/{k[1]}": v for k, v in rust.items()},
                           "python_ns": {f"{k[0]}/{k[1]}": v for k, v in py.items()},
-                          "fill_percent": dict(fills)}, indent=2))
+                          "fill_percent": dict(fills), "churn_device_gib": gd}, indent=2))
         return 0
     print(f"machine: {machine()}")
     print(f"{'scenario':62} {'peer':22} {'gpumm':>10} {'peer':>10} {'gpumm/peer':>10}")
     for r in rows:
-        unit = "%" if "fill" in r["scenario"] else "ns"
-        print(f"{r['scenario']:62} {r['peer']:22} {r['gpumm_ns']:9.1f}{unit:1} "
-              f"{r['peer_ns']:9.1f}{unit:1} {r['ratio']:10.3f}")
+        unit, places = (("%", 1) if "fill" in r["scenario"] else
+                        ("GiB", 2) if "device" in r["scenario"] else ("ns", 1))
+        print(f"{r['scenario']:62} {r['peer']:22} {r['gpumm_ns']:9.{places}f}{unit:3} "
+              f"{r['peer_ns']:9.{places}f}{unit:3} {r['ratio']:10.3f}")
     return 0
 
 

@@ -1,7 +1,9 @@
 //! Fragmentation as performance (issue 7): fill an 80 GiB device with log-uniform sizes from
 //! 256 B to 64 MiB, freeing a random live allocation with probability 0.45 at each step, and
 //! report the bytes in use at the first failure (higher is better), for gpumm and its peers,
-//! on the same random stream. Run: `cargo bench --no-default-features --bench fill`.
+//! on the same random stream. Then the memory each needs for the churn stream of the peer
+//! bench (benches/peers.rs): the smallest device on which it serves the whole stream (lower
+//! is better). Run: `cargo bench --no-default-features --bench fill`.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -64,14 +66,14 @@ struct BestFit {
     live: Vec<(u64, u64)>,
 }
 impl BestFit {
-    fn new() -> Self {
+    fn new(cap: u64) -> Self {
         let mut b = BestFit {
             by_addr: BTreeMap::new(),
             by_size: Default::default(),
             live: vec![],
         };
-        b.by_addr.insert(0, CAP);
-        b.by_size.insert((CAP, 0));
+        b.by_addr.insert(0, cap);
+        b.by_size.insert((cap, 0));
         b
     }
 }
@@ -153,6 +155,65 @@ fn gpumm(page: u64, small_threshold: Option<u64>, movable: bool) -> Gpumm {
     Gpumm(common::pool_with(CAP, cfg), vec![], movable)
 }
 
+/// Passes over the churn stream's 65,536 steps after its live set is made.
+const CHURN_PASSES: usize = 8;
+
+/// Whether an allocator serves the peer bench's churn stream (2,048 live allocations of
+/// log-uniform sizes from 256 B to 64 MiB; each step frees one of the first half and
+/// allocates the next size in its place) through `CHURN_PASSES` passes.
+fn serves_churn(f: &mut dyn Filler) -> bool {
+    let (first, sizes, slots) = common::churn_stream(2048, 8.0, 26.0);
+    let mut live = Vec::with_capacity(first.len());
+    for &s in &first {
+        match f.alloc(s) {
+            Some(h) => live.push(h),
+            None => return false,
+        }
+    }
+    for _ in 0..CHURN_PASSES {
+        for (&slot, &size) in slots.iter().zip(&sizes) {
+            f.free(live[slot]);
+            match f.alloc(size) {
+                Some(h) => live[slot] = h,
+                None => return false,
+            }
+        }
+    }
+    true
+}
+
+/// The most bytes the churn stream holds live at once.
+fn churn_peak_live() -> u64 {
+    let (first, sizes, slots) = common::churn_stream(2048, 8.0, 26.0);
+    let mut live = first.clone();
+    let (mut now, mut peak) = (first.iter().sum::<u64>(), 0);
+    for (&slot, &size) in slots.iter().zip(&sizes) {
+        now = now - live[slot] + size;
+        live[slot] = size;
+        peak = peak.max(now);
+    }
+    peak.max(first.iter().sum())
+}
+
+/// The smallest device, to 1/16 GiB, on which an allocator made for it (`make(bytes)`)
+/// serves the churn stream; None if 80 GiB is not enough.
+fn smallest_device(make: &dyn Fn(u64) -> Box<dyn Filler>) -> Option<u64> {
+    let step = G / 16;
+    let (mut lo, mut hi) = (churn_peak_live() / step, CAP / step);
+    if !serves_churn(make(hi * step).as_mut()) {
+        return None;
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if serves_churn(make(mid * step).as_mut()) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi * step)
+}
+
 fn main() {
     let seeds = [1u64, 2, 3];
     type Make = Box<dyn Fn() -> Box<dyn Filler>>;
@@ -182,7 +243,7 @@ fn main() {
                 ))
             }),
         ),
-        ("best fit", Box::new(|| Box::new(BestFit::new()))),
+        ("best fit", Box::new(|| Box::new(BestFit::new(CAP)))),
         (
             "buddy",
             Box::new(|| {
@@ -200,5 +261,49 @@ fn main() {
         let mean = r.iter().sum::<f64>() / r.len() as f64;
         let each: Vec<String> = r.iter().map(|x| format!("{:.2} %", x * 100.0)).collect();
         println!("| {name} | {} | {:.2} % |", each.join(", "), mean * 100.0);
+    }
+    type MakeFor = Box<dyn Fn(u64) -> Box<dyn Filler>>;
+    let rows: Vec<(&str, MakeFor)> = vec![
+        (
+            "gpumm (2 MiB pages)",
+            Box::new(|cap| {
+                Box::new(Gpumm(
+                    common::pool_with(cap, PoolConfig::new(2 * M)),
+                    vec![],
+                    false,
+                ))
+            }),
+        ),
+        (
+            "offset-allocator",
+            Box::new(|cap| {
+                Box::new(Offset(
+                    offset_allocator::Allocator::new((cap / 256) as u32),
+                    vec![],
+                ))
+            }),
+        ),
+        ("best fit", Box::new(|cap| Box::new(BestFit::new(cap)))),
+        (
+            "buddy",
+            Box::new(|cap| {
+                Box::new(Model(
+                    model_by_name("buddy", cap, CachingOptions::default()).unwrap(),
+                    0,
+                ))
+            }),
+        ),
+    ];
+    println!();
+    println!(
+        "| allocator | smallest device for the churn stream ({CHURN_PASSES} passes; peak live {:.2} GiB) |",
+        churn_peak_live() as f64 / G as f64
+    );
+    println!("|---|---|");
+    for (name, make) in rows {
+        match smallest_device(make.as_ref()) {
+            Some(b) => println!("| {name} | {:.4} GiB |", b as f64 / G as f64),
+            None => println!("| {name} | over 80 GiB |"),
+        }
     }
 }

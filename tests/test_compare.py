@@ -21,3 +21,20 @@ def test_repeated_runs_give_each_row_its_median():
 def test_the_machine_is_named():
     m = compare.machine()
     assert f"{os.cpu_count()} cores" in m and "Python 3." in m
+
+
+def test_both_tables_of_the_fill_bench_are_read():
+    out = """| allocator | in use at the first failure (seeds [1, 2, 3]) | mean |
+|---|---|---|
+| gpumm (2 MiB pages) | 99.74 %, 99.66 %, 99.71 % | 99.70 % |
+| offset-allocator | 93.50 %, 93.40 %, 93.48 % | 93.46 % |
+
+| allocator | smallest device for the churn stream (8 passes; peak live 10.98 GiB) |
+|---|---|
+| gpumm (2 MiB pages) | 11.1875 GiB |
+| offset-allocator | 12.6250 GiB |
+| buddy | over 80 GiB |
+"""
+    fills, devices = compare.parse_fill(out)
+    assert fills == [("gpumm (2 MiB pages)", 99.70), ("offset-allocator", 93.46)]
+    assert devices == [("gpumm (2 MiB pages)", 11.1875), ("offset-allocator", 12.625)]
