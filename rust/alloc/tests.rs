@@ -61,6 +61,23 @@ fn req(size: u64) -> Request {
     }
 }
 
+/// A request for a movable allocation (one `defrag` may move).
+fn movable(size: u64) -> Request {
+    Request {
+        size,
+        movable: true,
+        ..Request::default()
+    }
+}
+
+/// A pool that scrubs (zeroes what is freed) on `vidmem` bytes of host memory.
+#[cfg(target_os = "linux")]
+fn scrubbing_host_pool(vidmem: u64) -> Pool {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    (cfg.check, cfg.scrub) = (true, true);
+    Pool::new(host_device(vidmem), cfg).unwrap()
+}
+
 #[test]
 fn small_requests_share_a_heap_page() {
     let mut p = pool(64 * MIB);
@@ -716,11 +733,6 @@ fn synchronize_completes_every_stream() {
 #[test]
 fn defrag_empties_heap_pages() {
     let mut p = pool(64 * MIB);
-    let movable = |size| Request {
-        size,
-        movable: true,
-        ..Request::default()
-    };
     // fill 4 heap pages with 64 KiB allocations, then keep one in eight
     let ids: Vec<_> = (0..128)
         .map(|_| p.alloc(movable(64 * KIB)).unwrap())
@@ -994,11 +1006,6 @@ fn host_stitching_is_real_memory() {
 fn host_defrag_moves_bytes() {
     let dev = host_device(16 * MIB);
     let mut p = pool_on(dev);
-    let movable = |size| Request {
-        size,
-        movable: true,
-        ..Request::default()
-    };
     let ids: Vec<_> = (0..64)
         .map(|_| p.alloc(movable(64 * KIB)).unwrap())
         .collect();
@@ -1034,13 +1041,7 @@ fn host_compaction_moves_bytes_over_overlapping_ranges() {
     let mut made = vec![];
     for i in 0..8u64 {
         let size = if i % 2 == 0 { MIB } else { 3 * MIB };
-        let (id, ptr) = p
-            .alloc(Request {
-                size,
-                movable: true,
-                ..Request::default()
-            })
-            .unwrap();
+        let (id, ptr) = p.alloc(movable(size)).unwrap();
         made.push((id, ptr, size));
     }
     for (i, &(id, ptr, size)) in made.iter().enumerate() {
@@ -1077,19 +1078,11 @@ fn host_compaction_moves_bytes_over_overlapping_ranges() {
 fn a_scrubbing_pool_zeroes_what_a_slide_leaves_behind() {
     // as above, in a pool that scrubs: the end of the old range that a slide leaves free
     // reads zero, as memory a free gives back does
-    let dev = host_device(16 * MIB);
-    let mut cfg = PoolConfig::new(2 * MIB);
-    (cfg.check, cfg.scrub) = (true, true);
-    let mut p = Pool::new(dev, cfg).unwrap();
+    let mut p = scrubbing_host_pool(16 * MIB);
     let made: Vec<_> = (0..4u64)
         .map(|i| {
-            let size = if i % 2 == 0 { MIB } else { 3 * MIB };
-            p.alloc(Request {
-                size,
-                movable: true,
-                ..Request::default()
-            })
-            .unwrap()
+            p.alloc(movable(if i % 2 == 0 { MIB } else { 3 * MIB }))
+                .unwrap()
         })
         .collect();
     for (i, &(id, ptr)) in made.iter().enumerate() {
@@ -1122,21 +1115,9 @@ fn a_scrubbing_pool_zeroes_what_a_heap_move_leaves_behind() {
     // pages: a 6 MiB request needs three pages, so the way to out of memory empties one heap
     // page into the other's holes and takes it. In a pool that scrubs, the request then
     // reads zero everywhere, the emptied page's old bytes included.
-    let dev = host_device(8 * MIB);
-    let mut cfg = PoolConfig::new(2 * MIB);
-    (cfg.check, cfg.scrub) = (true, true);
-    let mut p = Pool::new(dev, cfg).unwrap();
-    let small = 256 * 1024;
-    let made: Vec<_> = (0..16)
-        .map(|_| {
-            p.alloc(Request {
-                size: small,
-                movable: true,
-                ..Request::default()
-            })
-            .unwrap()
-        })
-        .collect();
+    let mut p = scrubbing_host_pool(8 * MIB);
+    let small = 256 * KIB;
+    let made: Vec<_> = (0..16).map(|_| p.alloc(movable(small)).unwrap()).collect();
     assert_eq!(p.stats().pages_heap, 2);
     for (i, &(id, ptr)) in made.iter().enumerate() {
         if i % 2 == 0 {
@@ -1146,12 +1127,7 @@ fn a_scrubbing_pool_zeroes_what_a_heap_move_leaves_behind() {
             unsafe { std::ptr::write_bytes(ptr as *mut u8, 0xCD, small as usize) };
         }
     }
-    let (id, ptr) = p
-        .alloc(Request {
-            size: 6 * MIB,
-            ..Request::default()
-        })
-        .unwrap();
+    let (id, ptr) = p.alloc(req(6 * MIB)).unwrap();
     assert_eq!(p.stats().pages_heap, 1);
     // SAFETY: the live 6 MiB allocation just made.
     let b = unsafe { std::slice::from_raw_parts(ptr as *const u8, (6 * MIB) as usize) };
