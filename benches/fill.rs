@@ -198,10 +198,10 @@ fn churn_peak_live() -> u64 {
 }
 
 /// The smallest device, to 1/16 GiB, on which an allocator made for it (`make(bytes)`)
-/// serves the churn stream; None if 80 GiB is not enough.
-fn smallest_device(make: &dyn Fn(u64) -> Box<dyn Filler>) -> Option<u64> {
+/// serves the churn stream (whose peak live is `peak` bytes); None if 80 GiB is not enough.
+fn smallest_device(make: &dyn Fn(u64) -> Box<dyn Filler>, peak: u64) -> Option<u64> {
     let step = G / 16;
-    let (mut lo, mut hi) = (churn_peak_live() / step, CAP / step);
+    let (mut lo, mut hi) = (peak / step, CAP / step);
     if !serves_churn(make(hi * step).as_mut()) {
         return None;
     }
@@ -296,14 +296,15 @@ fn main() {
             }),
         ),
     ];
+    let peak = churn_peak_live();
     println!();
     println!(
         "| allocator | smallest device for the churn stream ({CHURN_PASSES} passes; peak live {:.2} GiB) |",
-        churn_peak_live() as f64 / G as f64
+        peak as f64 / G as f64
     );
     println!("|---|---|");
     for (name, make) in rows {
-        match smallest_device(make.as_ref()) {
+        match smallest_device(make.as_ref(), peak) {
             Some(b) => println!("| {name} | {:.4} GiB |", b as f64 / G as f64),
             None => println!("| {name} | over 80 GiB |"),
         }
