@@ -164,3 +164,70 @@ def test_sixteen_threads_stress():
     assert sum(ops) > 5000
     print(f"16-thread stress: {sum(ops)} operations, {s['allocs']} allocations, "
           f"{s['stitched']} stitched")
+
+
+def test_allocation_objects_are_recycled_clean():
+    """A dropped ``Allocation``'s memory is kept and reused for the next one, under the GIL
+    (rust/bindings/recycle.rs). A reused object starts clean: the new allocation's fields, no
+    weak reference left from the old one, and not tracked by the GC (an object CPython made
+    afresh is: PyO3's classes are all GC types)."""
+    import gc
+    import weakref
+
+    pool = gpumm.MemoryPool(gpumm.Device(vidmem="64MiB"))
+    a = pool.alloc(1000)
+    gone = weakref.ref(a)
+    a.free()
+    del a
+    assert gone() is None
+    b = pool.alloc(3000, stream=7)
+    assert not gc.is_tracked(b)
+    assert (b.size, b.stream, weakref.getweakrefcount(b)) == (3000, 7, 0)
+    assert weakref.ref(b)() is b
+    # more objects than are kept at once (1,024): the rest go back to CPython and come anew
+    many = [pool.alloc(256 + i) for i in range(3000)]
+    assert [m.size for m in many] == [256 + i for i in range(3000)]
+    for m in many:
+        m.free()
+    del many, m
+    again = [pool.alloc(512) for _ in range(3000)]
+    assert sum(not gc.is_tracked(x) for x in again) == 1024
+    assert len({x.ptr for x in again}) == 3000
+    for x in again:
+        x.free()
+    b.free()
+    pool.validate()
+
+
+def test_allocation_objects_from_many_threads():
+    """Eight threads make and drop ``Allocation`` objects at once (the kept objects are shared
+    under the GIL), with weak references on some: every object keeps the fields of its own
+    allocation, and each weak reference dies with its object."""
+    import weakref
+
+    pool = gpumm.MemoryPool(gpumm.Device(vidmem="512MiB"))
+    errors = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        held = []
+        try:
+            for _ in range(4000):
+                if held and rng.random() < 0.5:
+                    a, size, ref = held.pop(rng.randrange(len(held)))
+                    if (a.size, a.stream) != (size, seed):
+                        errors.append((a.size, a.stream, size, seed))
+                    a.free()
+                    del a
+                    if ref is not None and ref() is not None:
+                        errors.append("a weak reference outlived its allocation")
+                else:
+                    size = rng.randrange(1, 256 * KiB)
+                    a = pool.alloc(size, stream=seed)
+                    held.append((a, size, weakref.ref(a) if rng.random() < 0.2 else None))
+            for a, _, _ in held:
+                a.free()
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    run_threads(worker, 8, errors, pool)

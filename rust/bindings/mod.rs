@@ -15,6 +15,7 @@ use crate::units;
 
 mod capi;
 mod pool;
+mod recycle;
 mod replay;
 mod uvm;
 

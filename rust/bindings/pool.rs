@@ -818,13 +818,7 @@ pub(super) fn u64_buffer(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> 
 /// Memory from a `MemoryPool`: `ptr`, `size`, `free()`; a context manager that frees on exit.
 /// On the host backend its bytes are reachable without copies through the buffer protocol
 /// (`memoryview(a)`, `numpy.asarray(a)`), `__array_interface__` and `__dlpack__`.
-#[pyclass(
-    module = "gpumm._core",
-    name = "Allocation",
-    frozen,
-    weakref,
-    freelist = 1024
-)]
+#[pyclass(module = "gpumm._core", name = "Allocation", frozen, weakref)]
 pub struct PyAllocation {
     pool: SharedPool,
     pool_id: u64,
@@ -1218,6 +1212,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBackend>()?;
     m.add_class::<PyPool>()?;
     m.add_class::<PyAllocation>()?;
+    super::recycle::install(&m.py().get_type::<PyAllocation>());
     m.add("GRANULE", alloc::GRANULE)?;
     m.add("DEFAULT_SMALL_THRESHOLD", alloc::DEFAULT_SMALL_THRESHOLD)?;
     Ok(())
