@@ -4,9 +4,12 @@ PyTorch, CuPy and Numba are stood in by small modules that record what gpumm ask
 
 import ctypes
 import os
+import random
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -203,6 +206,70 @@ def test_pluggable_allocator_c_functions(cuda_pool):
         assert cuda_pool.stats()["live_allocs"] == 0 and cuda_pool.stats()["pending_frees"] == 1
     finally:
         _core._set_c_pool(None)
+
+
+def test_c_functions_and_python_threads_share_a_pool(cuda_pool):
+    """Once the C functions may use a pool (``_set_c_pool``), Python's calls on it take its
+    lock too, not the GIL alone (rust/bindings/pool.rs, ``Core``). Three threads allocate
+    through the C functions (ctypes calls them without the GIL) and three through Python, at
+    once, each on its own stream: every allocation keeps its thread's bytes, and the pool is
+    sound after."""
+    lib = _c_functions()
+    errors = []
+    stop = time.monotonic() + 1.0
+
+    def worker(seed, through_c):
+        rng = random.Random(seed)
+        stream = ctypes.c_void_p(seed)
+        mine = []
+
+        def release(entry):
+            p, n, a = entry
+            k = min(n, 64)
+            if ctypes.string_at(p, k) != bytes([seed]) * k:
+                errors.append(f"thread {seed}: {p:#x} was overwritten")
+            if through_c:
+                lib.gpumm_torch_free(p, n, 0, stream)
+            else:
+                a.free()
+
+        try:
+            while time.monotonic() < stop:
+                if len(mine) < 12 and rng.random() < 0.55:
+                    n = rng.randrange(1, 3 * MiB)
+                    if through_c:
+                        p, a = lib.gpumm_torch_alloc(n, 0, stream), None
+                        if not p:
+                            continue
+                    else:
+                        try:
+                            a = cuda_pool.alloc(n, seed)
+                        except gpumm.OutOfMemoryError:
+                            continue
+                        p = a.ptr
+                    ctypes.memset(p, seed, min(n, 64))
+                    mine.append((p, n, a))
+                elif mine:
+                    release(mine.pop(rng.randrange(len(mine))))
+            for entry in mine:
+                release(entry)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"thread {seed}: {e!r}")
+
+    _core._set_c_pool(cuda_pool)
+    try:
+        threads = [threading.Thread(target=worker, args=(i + 1, i % 2 == 0)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        _core._set_c_pool(None)
+    assert not errors, errors[:5]
+    cuda_pool.synchronize()
+    cuda_pool.validate()
+    s = cuda_pool.stats()
+    assert s["live_allocs"] == 0 and s["allocs"] > 100, s["allocs"]
 
 
 def test_one_stream_frees_at_once(cuda_pool):

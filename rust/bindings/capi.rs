@@ -7,19 +7,25 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use pyo3::prelude::*;
 
-use super::pool::PyPool;
-use crate::alloc::{Pool, Request};
+use super::pool::{Core, PyPool};
+use crate::alloc::Request;
 
-static C_POOL: RwLock<Option<Arc<Mutex<Pool>>>> = RwLock::new(None);
+static C_POOL: RwLock<Option<Arc<Core>>> = RwLock::new(None);
 
 /// Chooses the pool the C functions allocate from (None: none; they then return null).
 #[pyfunction]
 #[pyo3(signature = (pool = None))]
 pub fn _set_c_pool(pool: Option<&Bound<'_, PyPool>>) {
-    *C_POOL.write() = pool.map(|p| p.get().shared());
+    // (marked before the C functions can see it: from then on its calls from Python take
+    // its lock too)
+    *C_POOL.write() = pool.map(|p| {
+        let core = p.get().shared();
+        core.share_with_c(p.py());
+        core
+    });
 }
 
 /// PyTorch's pluggable `alloc`: `size` bytes for work on `stream`; null when it cannot.

@@ -3,8 +3,9 @@
 //! their bytes (host backend) through the buffer protocol, `__array_interface__` and DLPack;
 //! every exported view pins the allocation, so it cannot be freed or moved under a view.
 
-use std::cell::RefCell;
+use std::cell::{RefCell, UnsafeCell};
 use std::ffi::{c_int, c_void, CStr};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -188,7 +189,190 @@ impl PyBackend {
 // ------------------------------------------------------------------------------------------
 // Pool
 
-type SharedPool = Arc<Mutex<Pool>>;
+type SharedPool = Arc<Core>;
+
+/// Whether this extension is built for an interpreter with a GIL (a free-threaded build has
+/// none, and there every access to a pool's core takes its lock; one whose GIL is enabled at
+/// run time takes it too, which is always sound).
+const GIL_BUILD: bool = cfg!(not(Py_GIL_DISABLED));
+
+/// What the GIL guards in a `Core` (read and written only with it held, on a build with one).
+#[derive(Default)]
+struct GilState {
+    /// `Allocation` objects that refer to the core (see `CoreRef`).
+    handles: usize,
+    /// Threads of Python working on the core with the GIL released (see `Core::detached`).
+    detached: u32,
+    /// The C functions of `capi` may use the core: they take its lock without the GIL.
+    shared_with_c: bool,
+}
+
+/// A pool's core behind its lock, and what the GIL guards of it.
+///
+/// A call from Python that can be served at once (`Core::quick`) works on the core with the
+/// GIL alone when no other thread can reach the core without the GIL: none works on it with
+/// the GIL released (each such thread is counted, with the GIL held, before it releases it
+/// and after it takes it back) and the C functions do not use it. The GIL then excludes every
+/// other thread, as the lock would: the lock's two atomic read-modify-writes each call, and
+/// an `Arc` clone and drop for each `Allocation`, were most of what a Python alloc + free
+/// pair cost beyond the core's work once the `Allocation` objects were recycled without
+/// atomics too (`recycle.rs`; benches/RESULTS.md, "Twelfth session").
+#[repr(C)]
+pub(super) struct Core {
+    /// Used on a build with a GIL (`GIL_BUILD`); without one every access takes the lock,
+    /// and each `Allocation` holds an `Arc` count of its own.
+    gil: UnsafeCell<GilState>,
+    pool: Mutex<Pool>,
+}
+
+// SAFETY: `pool` is behind its lock, or reached with the GIL alone under the rules above;
+// `gil` is only read or written with the GIL held on a build with one (`GIL_BUILD`).
+unsafe impl Sync for Core {}
+
+impl std::ops::Deref for Core {
+    type Target = Mutex<Pool>;
+    fn deref(&self) -> &Mutex<Pool> {
+        &self.pool
+    }
+}
+
+impl Core {
+    fn new(pool: Pool) -> Core {
+        Core {
+            gil: UnsafeCell::new(GilState::default()),
+            pool: Mutex::new(pool),
+        }
+    }
+
+    /// What the GIL guards (`_gil`: it is held; called only on a build with one).
+    #[allow(clippy::mut_from_ref)]
+    #[inline]
+    fn gil_state(&self, _gil: Python<'_>) -> &mut GilState {
+        // SAFETY: the GIL is held, so no other thread reads or writes it, and no reference
+        // from an earlier call is alive (each is used within one statement).
+        unsafe { &mut *self.gil.get() }
+    }
+
+    /// Runs `f` on the core now if that needs no wait: with the GIL alone when no other
+    /// thread can reach the core, else under its lock if that is free. None: it is not.
+    /// (`f` must not call into Python: the GIL could be handed on meanwhile.)
+    #[inline]
+    fn quick<T>(&self, py: Python<'_>, f: impl FnOnce(&mut Pool) -> T) -> Option<T> {
+        if GIL_BUILD {
+            let g = self.gil_state(py);
+            if g.detached == 0 && !g.shared_with_c {
+                // SAFETY: the GIL is held and no thread works on the core without it (see
+                // `Core`), and `f` keeps it: nothing else has the pool until `f` returns.
+                return Some(f(unsafe { &mut *self.pool.data_ptr() }));
+            }
+        }
+        self.pool.try_lock().map(|mut p| f(&mut p))
+    }
+
+    /// Runs `f` on the core under its lock with the GIL released, this thread counted as
+    /// working without the GIL meanwhile.
+    fn detached<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Pool) -> T + Send) -> T {
+        let _away = Detached::new(py, self);
+        py.detach(|| f(&mut self.pool.lock()))
+    }
+
+    /// From now on the C functions may use the core.
+    pub(super) fn share_with_c(&self, py: Python<'_>) {
+        if GIL_BUILD {
+            self.gil_state(py).shared_with_c = true;
+        }
+    }
+}
+
+/// A thread of Python counted, with the GIL held, as working on a core without it (from
+/// before it releases the GIL until after it takes it back: the count is dropped with the GIL
+/// held, also when unwinding, `py.detach` having taken the GIL back first).
+struct Detached<'a>(&'a Core);
+
+impl<'a> Detached<'a> {
+    fn new(py: Python<'_>, core: &'a Core) -> Self {
+        if GIL_BUILD {
+            core.gil_state(py).detached += 1;
+        }
+        Detached(core)
+    }
+}
+
+impl Drop for Detached<'_> {
+    fn drop(&mut self) {
+        if GIL_BUILD {
+            // SAFETY: dropped with the GIL held (see the type).
+            unsafe { (*self.0.gil.get()).detached -= 1 };
+        }
+    }
+}
+
+/// An `Allocation`'s reference to its pool's core. With a GIL, the references are counted in
+/// the core under it, and together hold one strong count of the core's `Arc` while there is
+/// at least one; without, each holds one. The core outlives its `Pool` object while
+/// allocations refer to it.
+pub(super) struct CoreRef(NonNull<Core>);
+
+// SAFETY: it points to a `Core` (which is `Sync`) kept alive by a strong count of its `Arc`;
+// with a GIL it is made and dropped only with the GIL held (`new` and `clone_ref` take the
+// token, and an `Allocation` is dropped by its object's deallocation, which holds the GIL).
+unsafe impl Send for CoreRef {}
+unsafe impl Sync for CoreRef {}
+
+impl CoreRef {
+    fn new(py: Python<'_>, core: &Arc<Core>) -> CoreRef {
+        let p = Arc::as_ptr(core);
+        if GIL_BUILD {
+            let g = core.gil_state(py);
+            if g.handles == 0 {
+                // SAFETY: `p` is a live `Arc`'s.
+                unsafe { Arc::increment_strong_count(p) };
+            }
+            g.handles += 1;
+        } else {
+            // SAFETY: `p` is a live `Arc`'s.
+            unsafe { Arc::increment_strong_count(p) };
+        }
+        CoreRef(NonNull::from(&**core))
+    }
+
+    fn clone_ref(&self, py: Python<'_>) -> CoreRef {
+        if GIL_BUILD {
+            self.gil_state(py).handles += 1;
+        } else {
+            // SAFETY: this reference holds a strong count, so the `Arc` is live.
+            unsafe { Arc::increment_strong_count(self.0.as_ptr()) };
+        }
+        CoreRef(self.0)
+    }
+}
+
+impl std::ops::Deref for CoreRef {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        // SAFETY: the strong count the references hold keeps the core alive.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl Drop for CoreRef {
+    fn drop(&mut self) {
+        let core = self.0.as_ptr();
+        debug_assert!(!GIL_BUILD || unsafe { ffi::PyGILState_Check() } == 1);
+        // SAFETY: with a GIL, dropped with it held (see the `Send` impl); the count is
+        // written before the last strong count may free the core.
+        unsafe {
+            if GIL_BUILD {
+                let n = &mut (*(*core).gil.get()).handles;
+                *n -= 1;
+                if *n > 0 {
+                    return;
+                }
+            }
+            Arc::decrement_strong_count(core);
+        }
+    }
+}
 
 /// (allocations made, freed by the scope, [(ptr, size)] of those freed)
 type ScopeResult = (u64, u64, Vec<(u64, u64)>);
@@ -213,8 +397,7 @@ impl PyPool {
 
     /// Runs `f` on the core under its lock with the GIL released.
     fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Pool) -> T + Send) -> T {
-        let inner = &self.inner;
-        py.detach(|| f(&mut inner.lock()))
+        self.inner.detached(py, f)
     }
 
     /// `with` for the work of a batch of `n`: a small batch runs under the GIL when the
@@ -229,9 +412,11 @@ impl PyPool {
         f: impl FnOnce(&mut Pool) -> T + Send,
     ) -> T {
         if n <= QUICK_BATCH {
-            if let Some(mut p) = self.inner.try_lock() {
-                return f(&mut p);
+            let mut f = Some(f);
+            if let Some(r) = self.inner.quick(py, |p| (f.take().expect("once"))(p)) {
+                return r;
             }
+            return self.with(py, f.take().expect("not run"));
         }
         self.with(py, f)
     }
@@ -257,9 +442,9 @@ impl PyPool {
         Ok(out)
     }
 
-    fn allocation(&self, info: &AllocInfo) -> PyAllocation {
+    fn allocation(&self, py: Python<'_>, info: &AllocInfo) -> PyAllocation {
         PyAllocation {
-            pool: self.inner.clone(),
+            pool: CoreRef::new(py, &self.inner),
             pool_id: self.id,
             has_bytes: self.has_bytes,
             dl: self.dl,
@@ -377,7 +562,7 @@ impl PyPool {
         };
         let pool = py.detach(|| Pool::new(dev, cfg)).py_err(py)?;
         Ok(PyPool {
-            inner: Arc::new(Mutex::new(pool)),
+            inner: Arc::new(Core::new(pool)),
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             has_bytes,
             dl,
@@ -433,7 +618,7 @@ impl PyPool {
         // copied it through memory twice, with loads wider than its stores)
         let made = |id, ptr| -> PyResult<Py<PyAllocation>> {
             let a = PyAllocation {
-                pool: this.inner.clone(),
+                pool: CoreRef::new(py, &this.inner),
                 pool_id: this.id,
                 has_bytes: this.has_bytes,
                 dl: this.dl,
@@ -446,15 +631,13 @@ impl PyPool {
             if this.tracking.load(Ordering::Relaxed) {
                 let obj = Py::new(py, a)?;
                 slf.call_method1("_on_alloc", (obj.clone_ref(py), tag))?;
-                return Py::new(py, obj.borrow(py).clone_handle());
+                return Py::new(py, obj.borrow(py).clone_handle(py));
             }
             Py::new(py, a)
         };
-        // Quick path under the GIL: an uncontended lock and a request the held pages serve.
-        let quick = this
-            .inner
-            .try_lock()
-            .and_then(|mut p| p.try_alloc_quick(req));
+        // Quick path under the GIL (alone, or with an uncontended lock: `Core::quick`) for a
+        // request the held pages serve.
+        let quick = this.inner.quick(py, |p| p.try_alloc_quick(req)).flatten();
         match quick {
             Some(Ok((id, ptr))) => return made(id, ptr),
             Some(Err(e)) => return Err(to_pyerr(py, e)),
@@ -610,7 +793,7 @@ impl PyPool {
     /// Live and freeing allocations as new `Allocation` handles.
     fn allocations(&self, py: Python<'_>) -> PyResult<Vec<PyAllocation>> {
         let infos = self.with(py, |p| p.allocations());
-        Ok(infos.iter().map(|i| self.allocation(i)).collect())
+        Ok(infos.iter().map(|i| self.allocation(py, i)).collect())
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -722,7 +905,7 @@ impl PyPool {
     /// The live allocations made in an open scope, as new handles.
     fn _scope_allocations(&self, py: Python<'_>, scope: u32) -> PyResult<Vec<PyAllocation>> {
         let infos = self.with(py, |p| p.scope_allocations(scope)).py_err(py)?;
-        Ok(infos.iter().map(|i| self.allocation(i)).collect())
+        Ok(infos.iter().map(|i| self.allocation(py, i)).collect())
     }
 
     /// Closes a scope: frees what it made that is still live; returns (allocations made,
@@ -758,15 +941,17 @@ impl PyPool {
 /// pages to give back), else with the GIL released.
 fn quick_or_detached<T: Send>(
     py: Python<'_>,
-    pool: &SharedPool,
+    core: &Core,
     op: impl FnOnce(&mut Pool) -> T + Send,
 ) -> T {
-    if let Some(mut p) = pool.try_lock() {
-        if p.frees_are_quick() {
-            return op(&mut p);
-        }
+    let mut op = Some(op);
+    let quick = core.quick(py, |p| {
+        p.frees_are_quick().then(|| (op.take().expect("once"))(p))
+    });
+    match quick.flatten() {
+        Some(r) => r,
+        None => core.detached(py, op.take().expect("not run")),
     }
-    py.detach(|| op(&mut pool.lock()))
 }
 
 fn as_bytes(v: &[u64]) -> &[u8] {
@@ -820,7 +1005,7 @@ pub(super) fn u64_buffer(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> 
 /// (`memoryview(a)`, `numpy.asarray(a)`), `__array_interface__` and `__dlpack__`.
 #[pyclass(module = "gpumm._core", name = "Allocation", frozen, weakref)]
 pub struct PyAllocation {
-    pool: SharedPool,
+    pool: CoreRef,
     pool_id: u64,
     has_bytes: bool,
     /// DLPack device type: kDLCUDA for device memory of a CUDA backend (exported with
@@ -838,9 +1023,9 @@ pub struct PyAllocation {
 
 impl PyAllocation {
     /// Another handle to the same allocation (same pool, id and address).
-    fn clone_handle(&self) -> PyAllocation {
+    fn clone_handle(&self, py: Python<'_>) -> PyAllocation {
         PyAllocation {
-            pool: self.pool.clone(),
+            pool: self.pool.clone_ref(py),
             pool_id: self.pool_id,
             has_bytes: self.has_bytes,
             dl: self.dl,
@@ -853,8 +1038,7 @@ impl PyAllocation {
     }
 
     fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Pool) -> T + Send) -> T {
-        let pool = &self.pool;
-        py.detach(|| f(&mut pool.lock()))
+        self.pool.detached(py, f)
     }
 
     /// The current address (a movable allocation may have been moved by `defrag`).
