@@ -87,3 +87,20 @@ def test_gil_is_released_during_core_work():
         t.join()
     during = [x for x in ticks if t0 < x < t1]
     assert during, "no Python thread ran while the core worked: the GIL was held"
+
+
+def test_chunk_objects_are_recycled_clean():
+    """``Chunk`` objects are recycled under the GIL as ``Allocation`` objects are
+    (rust/bindings/recycle.rs): a reused one has its new chunk's fields and is not tracked
+    by the GC (an object CPython made afresh is)."""
+    import gc
+
+    p = gpumm.Pmm(arch="hopper", vidmem="64MiB")
+    c = p.alloc_chunk("64KiB")
+    p.free(c)
+    del c
+    d = p.alloc_chunk("2MiB", "kernel")
+    assert not gc.is_tracked(d)
+    assert (d.size, d.type, d.state) == (2 << 20, "kernel", "allocated")
+    p.free(d)
+    p.validate()

@@ -132,6 +132,13 @@ pub struct PyChunk {
     ctype: ChunkType,
 }
 
+impl recycle::Recycled for PyChunk {
+    fn recycler() -> &'static recycle::Recycler {
+        static KEPT: recycle::Recycler = recycle::Recycler::new();
+        &KEPT
+    }
+}
+
 /// A root chunk in eviction: the chunks whose data must move before `end_eviction`.
 #[pyclass(module = "gpumm._core", name = "Eviction", frozen)]
 pub struct PyEviction {
@@ -149,6 +156,16 @@ impl PyPmm {
     fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut pmm::Pmm) -> T + Send) -> T {
         let inner = &self.inner;
         py.detach(|| f(&mut inner.lock()))
+    }
+
+    /// `with` for a call whose work is bounded and short (one chunk, no eviction): under the
+    /// GIL when the lock is free, since releasing and taking back the GIL costs more than the
+    /// call (the pool's quick path; docs/design.md).
+    fn quick<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut pmm::Pmm) -> T + Send) -> T {
+        match self.inner.try_lock() {
+            Some(mut p) => f(&mut p),
+            None => self.with(py, f),
+        }
     }
 
     fn chunk(&self, info: &ChunkInfo) -> PyChunk {
@@ -255,11 +272,13 @@ impl PyPmm {
     ) -> PyResult<PyChunk> {
         let size = size_arg(py, size, "size")?;
         let t = chunk_type_arg(py, r#type)?;
-        let info = self
-            .with(py, |p| {
-                p.alloc_chunk(size, t, evict).and_then(|id| p.info(id))
-            })
-            .py_err(py)?;
+        let call = |p: &mut pmm::Pmm| p.alloc_chunk(size, t, evict).and_then(|id| p.info(id));
+        let info = if evict {
+            self.with(py, call)
+        } else {
+            self.quick(py, call)
+        }
+        .py_err(py)?;
         Ok(self.chunk(&info))
     }
 
@@ -287,7 +306,7 @@ impl PyPmm {
     /// Frees a chunk (merging up the tree while parents empty).
     fn free(&self, py: Python<'_>, chunk: &Bound<'_, PyChunk>) -> PyResult<()> {
         let id = self.own(py, chunk.get(), true)?;
-        self.with(py, |p| p.free(id)).py_err(py)
+        self.quick(py, |p| p.free(id)).py_err(py)
     }
 
     /// Frees several chunks in one call: all, or (if any cannot be freed) none.
@@ -554,6 +573,7 @@ impl PyEviction {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPmm>()?;
     m.add_class::<PyChunk>()?;
+    recycle::install::<PyChunk>(m.py());
     m.add_class::<PyEviction>()?;
     pool::register(m)?;
     m.add_function(wrap_pyfunction!(capi::_set_c_pool, m)?)?;

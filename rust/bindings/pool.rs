@@ -16,6 +16,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
+use super::recycle::{self, Recycled, Recycler};
 use super::{size_arg, to_pyerr, IntoPy, PyPmm};
 use crate::alloc::{self, AllocId, AllocInfo, Device, Pool, PoolConfig, Request};
 use crate::backend::{self, Backend};
@@ -1021,6 +1022,13 @@ pub struct PyAllocation {
     movable: bool,
 }
 
+impl Recycled for PyAllocation {
+    fn recycler() -> &'static Recycler {
+        static KEPT: Recycler = Recycler::new();
+        &KEPT
+    }
+}
+
 impl PyAllocation {
     /// Another handle to the same allocation (same pool, id and address).
     fn clone_handle(&self, py: Python<'_>) -> PyAllocation {
@@ -1396,7 +1404,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBackend>()?;
     m.add_class::<PyPool>()?;
     m.add_class::<PyAllocation>()?;
-    super::recycle::install(&m.py().get_type::<PyAllocation>());
+    recycle::install::<PyAllocation>(m.py());
     m.add("GRANULE", alloc::GRANULE)?;
     m.add("DEFAULT_SMALL_THRESHOLD", alloc::DEFAULT_SMALL_THRESHOLD)?;
     Ok(())
