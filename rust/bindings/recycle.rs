@@ -7,8 +7,12 @@
 //! the list saves (PyO3/pyo3#6133; benches/RESULTS.md, "Twelfth session"). With a GIL, the
 //! interpreter only ever makes or frees an object with the GIL held, so here the GIL alone
 //! guards each class's list, and the class's `tp_alloc` and `tp_free` are set to the
-//! functions below once it is made. A free-threaded build keeps CPython's own allocation
-//! (nothing installed).
+//! functions below once it is made. They do what PyO3's free list does (`PyObject_Init` on
+//! reuse, the inverse of `PyType_GenericAlloc` beyond the list's length), without the mutex.
+//! A free-threaded build keeps CPython's own allocation (nothing installed).
+
+// (a free-threaded build keeps the lists' types but uses none of them)
+#![cfg_attr(Py_GIL_DISABLED, allow(dead_code))]
 
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -102,7 +106,8 @@ mod gil {
     }
 
     /// `tp_free`: keeps the memory while fewer than `KEEP` objects are kept, else gives it
-    /// back as `PyType_GenericAlloc`'s inverse for a GC type.
+    /// back as `PyType_GenericAlloc`'s inverse (PyO3's classes are GC types; checked, as
+    /// PyO3's own free list does).
     ///
     /// # Safety
     /// Called by the object's deallocation with the GIL held, for an object of the class (it
@@ -113,9 +118,16 @@ mod gil {
         if list.len < KEEP {
             list.objs[list.len] = obj.cast();
             list.len += 1;
-        } else {
-            // SAFETY: the object came from `PyType_GenericAlloc` of a GC type.
-            unsafe { ffi::PyObject_GC_Del(obj) };
+            return;
+        }
+        // SAFETY: the object came from `PyType_GenericAlloc` of its type, which is alive (the
+        // object's deallocation drops its count after this).
+        unsafe {
+            if ffi::PyType_IS_GC(ffi::Py_TYPE(obj.cast())) != 0 {
+                ffi::PyObject_GC_Del(obj)
+            } else {
+                ffi::PyObject_Free(obj)
+            }
         }
     }
 }
