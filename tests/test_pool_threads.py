@@ -231,3 +231,51 @@ def test_allocation_objects_from_many_threads():
             errors.append(e)
 
     run_threads(worker, 8, errors, pool)
+
+
+def test_quick_calls_while_another_thread_works_without_the_gil():
+    """One thread frees and allocates batches larger than a quick call takes, so it works on
+    the pool with the GIL released; three others make single calls meanwhile. The single calls
+    must then take the pool's lock, not the GIL alone (rust/bindings/pool.rs, ``Core``): every
+    allocation keeps its thread's bytes, no two overlap, and the pool is sound after."""
+    pool = gpumm.MemoryPool(gpumm.Device(backend="host", vidmem="512MiB"))
+    errors = []
+    stop = time.monotonic() + 1.5
+
+    def batches(_):
+        rng = random.Random(0)
+        while time.monotonic() < stop:
+            sizes = [rng.randrange(256, 8 * KiB) for _ in range(6000)]
+            ptrs = pool.alloc_batch(sizes)
+            ctypes.memset(int(ptrs[0]), 0xEE, sizes[0])
+            pool.free_batch(ptrs)
+
+    def singles(seed):
+        rng = random.Random(seed)
+        mine = []
+        try:
+            while time.monotonic() < stop:
+                if len(mine) < 32 and rng.random() < 0.55:
+                    a = pool.alloc(rng.randrange(1, 64 * KiB))
+                    ctypes.memset(a.ptr, seed, a.size)
+                    mine.append(a)
+                elif mine:
+                    a = mine.pop(rng.randrange(len(mine)))
+                    if ctypes.string_at(a.ptr, a.size) != bytes([seed]) * a.size:
+                        errors.append(f"thread {seed}: {a.ptr:#x} was overwritten")
+                    a.free()
+            for a in mine:
+                a.free()
+        except Exception as e:  # noqa: BLE001 - reported by run_threads
+            errors.append(f"thread {seed}: {e!r}")
+
+    threads = [threading.Thread(target=batches, args=(0,))]
+    threads += [threading.Thread(target=singles, args=(i,)) for i in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    pool.validate()
+    s = pool.stats()
+    assert s["live_allocs"] == 0 and s["frees"] > 1000, s["frees"]
