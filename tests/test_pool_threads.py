@@ -242,7 +242,7 @@ def test_quick_calls_while_another_thread_works_without_the_gil():
     errors = []
     stop = time.monotonic() + 1.5
 
-    def batches(_):
+    def batches():
         rng = random.Random(0)
         while time.monotonic() < stop:
             sizes = [rng.randrange(256, 8 * KiB) for _ in range(6000)]
@@ -253,29 +253,25 @@ def test_quick_calls_while_another_thread_works_without_the_gil():
     def singles(seed):
         rng = random.Random(seed)
         mine = []
-        try:
-            while time.monotonic() < stop:
-                if len(mine) < 32 and rng.random() < 0.55:
-                    a = pool.alloc(rng.randrange(1, 64 * KiB))
-                    ctypes.memset(a.ptr, seed, a.size)
-                    mine.append(a)
-                elif mine:
-                    a = mine.pop(rng.randrange(len(mine)))
-                    if ctypes.string_at(a.ptr, a.size) != bytes([seed]) * a.size:
-                        errors.append(f"thread {seed}: {a.ptr:#x} was overwritten")
-                    a.free()
-            for a in mine:
+        while time.monotonic() < stop:
+            if len(mine) < 32 and rng.random() < 0.55:
+                a = pool.alloc(rng.randrange(1, 64 * KiB))
+                ctypes.memset(a.ptr, seed, a.size)
+                mine.append(a)
+            elif mine:
+                a = mine.pop(rng.randrange(len(mine)))
+                if ctypes.string_at(a.ptr, a.size) != bytes([seed]) * a.size:
+                    errors.append(f"thread {seed}: {a.ptr:#x} was overwritten")
                 a.free()
-        except Exception as e:  # noqa: BLE001 - reported by run_threads
-            errors.append(f"thread {seed}: {e!r}")
+        for a in mine:
+            a.free()
 
-    threads = [threading.Thread(target=batches, args=(0,))]
-    threads += [threading.Thread(target=singles, args=(i,)) for i in (1, 2, 3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[:5]
-    pool.validate()
+    def worker(i):  # thread 1 works in batches, 2-4 in single calls
+        try:
+            batches() if i == 1 else singles(i)
+        except Exception as e:  # noqa: BLE001 - reported by run_threads
+            errors.append(f"thread {i}: {e!r}")
+
+    run_threads(worker, 4, errors, pool)
     s = pool.stats()
     assert s["live_allocs"] == 0 and s["frees"] > 1000, s["frees"]
