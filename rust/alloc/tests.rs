@@ -745,8 +745,11 @@ fn defrag_empties_heap_pages() {
     }
     assert_eq!(p.stats().pages_heap, 4);
     let r = p.defrag().unwrap();
-    assert_eq!(r.moved_allocs, 12);
-    assert_eq!(r.moved_bytes, 12 * 64 * KIB);
+    // each page first slides its three later allocations down (12 copies), then three of
+    // the pages are emptied into the fourth (12 more): 15 allocations moved, 24 copies
+    assert_eq!(r.moved_allocs, 15);
+    assert_eq!(r.moves.len(), 15);
+    assert_eq!(r.moved_bytes, 24 * 64 * KIB);
     assert_eq!(r.pages_emptied, 3);
     assert_eq!(r.bytes_released, 3 * 2 * MIB);
     let s = p.stats();
@@ -754,10 +757,13 @@ fn defrag_empties_heap_pages() {
         (s.pages_heap, s.reserved_bytes, s.live_allocs),
         (1, 2 * MIB, 16)
     );
-    // moved allocations are found at their new address
+    // moved allocations are found at their new address, and their old one no longer names
+    // them (another allocation may have moved there)
     for (id, old, new) in r.moves {
+        assert_ne!(old, new);
         assert_eq!(p.info(id).unwrap().ptr, new);
-        assert!(p.free_ptr(old).is_err() || old == new);
+        assert_eq!(p.id_of(new).unwrap(), id);
+        assert!(!p.id_of(old).is_ok_and(|other| other == id));
     }
 }
 
@@ -828,6 +834,108 @@ fn the_way_to_out_of_memory_compacts_large_segments() {
     p.alloc(req(4 * MIB)).unwrap();
     for k in kept {
         p.free(k.0).unwrap();
+    }
+}
+
+#[test]
+fn defrag_empties_heap_pages_into_large_segment_holes() {
+    // a 1.5 MiB hole between two allocations that may not move, in the middle of a large
+    // segment (pages 0–2), and one movable 256 KiB allocation alone in a heap page: no other
+    // heap page can take it, the hole can
+    let mut p = pool(32 * MIB);
+    let big: Vec<_> = (0..4).map(|_| p.alloc(req(3 * MIB / 2)).unwrap()).collect();
+    p.free(big[1].0).unwrap();
+    let (m, old) = p.alloc(movable(256 * KIB)).unwrap();
+    assert_eq!(
+        (p.stats().pages_heap, p.stats().reserved_bytes),
+        (1, 8 * MIB)
+    );
+    let r = p.defrag().unwrap();
+    assert_eq!((r.moved_allocs, r.pages_emptied), (1, 1));
+    assert_eq!(r.moves, vec![(m, old, big[1].1)]);
+    assert_eq!(r.bytes_released, 2 * MIB);
+    let s = p.stats();
+    assert_eq!(
+        (s.pages_heap, s.reserved_bytes, s.live_allocs),
+        (0, 6 * MIB, 4)
+    );
+    assert_eq!(p.info(m).unwrap().ptr, big[1].1);
+    assert_eq!(p.id_of(big[1].1).unwrap(), m);
+    // a page is emptied whole or not at all: two 900 KiB allocations, of which the hole
+    // holds one, stay where they are
+    let mut p = pool(32 * MIB);
+    let big: Vec<_> = (0..4).map(|_| p.alloc(req(3 * MIB / 2)).unwrap()).collect();
+    p.free(big[1].0).unwrap();
+    let two = [(); 2].map(|_| p.alloc(movable(900 * KIB)).unwrap());
+    let r = p.defrag().unwrap();
+    assert_eq!((r.moved_allocs, r.pages_emptied), (0, 0));
+    for (id, ptr) in two {
+        assert_eq!(p.info(id).unwrap().ptr, ptr);
+    }
+}
+
+/// On a 16 MiB device: pages 1, 2, 4, 6 and 7 held by allocations that may not move; `k`
+/// (1.5 MiB, may not move) at the start of page 5; `s` (2.75 MiB, movable) stitched from
+/// the rest of page 5 (its head), page 3 and the start of page 0 (its tail). Returns `k`
+/// and `s`.
+fn stitched_after(p: &mut Pool) -> ((AllocId, u64), (AllocId, u64)) {
+    let whole: Vec<_> = (0..8).map(|_| p.alloc(req(2 * MIB)).unwrap()).collect();
+    for i in [0, 3, 5] {
+        p.free(whole[i].0).unwrap();
+    }
+    let k = p.alloc(req(3 * MIB / 2)).unwrap();
+    let s = p.alloc(movable(11 * MIB / 4)).unwrap();
+    let Layout::Stitched(i) = p.allocs[s.0.index as usize].layout else {
+        panic!("not stitched")
+    };
+    let st = &p.stitches[i as usize];
+    let (h, t) = (p.blocks[st.head as usize], p.blocks[st.tail as usize]);
+    assert_eq!(p.allocs[k.0.index as usize].layout, Layout::Block(h.prev));
+    assert_eq!((h.page, h.off), (5, 6144));
+    assert_eq!(
+        (st.runs.as_slice(), t.page, t.off, t.len),
+        (&[(3, 1)][..], 0, 0, 1024)
+    );
+    (k, s)
+}
+
+#[test]
+fn defrag_slides_stitched_allocations() {
+    let mut p = pool(16 * MIB);
+    let (k, (s, old)) = stitched_after(&mut p);
+    let live = p.stats().live_bytes;
+    // freed, `k` leaves 1.5 MiB free before the head: the allocation slides down through its
+    // window as far as its tail allows (it keeps one granule), its pages and window as they
+    // were
+    p.free(k.0).unwrap();
+    let r = p.defrag().unwrap();
+    let d = 1023 * GRANULE;
+    assert_eq!(r.moves, vec![(s, old, old - d)]);
+    assert_eq!((r.moved_allocs, r.moved_bytes), (1, 11 * MIB / 4));
+    assert_eq!(p.info(s).unwrap().ptr, old - d);
+    assert_eq!(p.id_of(old - d).unwrap(), s);
+    let Layout::Stitched(i) = p.allocs[s.index as usize].layout else {
+        panic!("not stitched")
+    };
+    let st = &p.stitches[i as usize];
+    let (h, t) = (p.blocks[st.head as usize], p.blocks[st.tail as usize]);
+    assert_eq!((h.page, h.off, h.len), (5, 6144 - 1023, 2048 + 1023));
+    assert_eq!((t.page, t.off, t.len), (0, 0, 1));
+    assert_eq!(p.stats().live_bytes, live - 3 * MIB / 2);
+    // one that may not move stays
+    let mut q = pool(16 * MIB);
+    let (k, (s, old)) = stitched_after(&mut q);
+    q.free(k.0).unwrap();
+    q.pin(s).unwrap();
+    assert_eq!(q.defrag().unwrap().moved_allocs, 0);
+    assert_eq!(q.info(s).unwrap().ptr, old);
+    q.unpin(s).unwrap();
+    // and everything goes back
+    p.free(s).unwrap();
+    q.free(s).unwrap();
+    for pool in [&mut p, &mut q] {
+        pool.trim(0).unwrap();
+        assert_eq!(pool.stats().used_bytes, pool.stats().live_bytes);
     }
 }
 
@@ -1028,6 +1136,27 @@ fn host_defrag_moves_bytes() {
             "allocation {i} lost its bytes"
         );
     }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn host_stitched_slide_keeps_the_bytes() {
+    let mut p = pool_on(host_device(16 * MIB));
+    let (k, (s, old)) = stitched_after(&mut p);
+    let n = (11 * MIB / 4) as usize;
+    // SAFETY: `s` is a live allocation of `n` bytes, mapped read-write by the host backend.
+    let b = unsafe { std::slice::from_raw_parts_mut(old as *mut u8, n) };
+    for (j, x) in b.iter_mut().enumerate() {
+        *x = (j % 251) as u8;
+    }
+    p.free(k.0).unwrap();
+    let r = p.defrag().unwrap();
+    assert_eq!(r.moves, vec![(s, old, old - 1023 * GRANULE)]);
+    let ptr = p.info(s).unwrap().ptr;
+    // SAFETY: as above, at its new address (the same window, lower down).
+    let b = unsafe { std::slice::from_raw_parts(ptr as *const u8, n) };
+    assert!(b.iter().enumerate().all(|(j, &x)| x == (j % 251) as u8));
+    p.free(s).unwrap();
 }
 
 #[cfg(target_os = "linux")]

@@ -764,10 +764,14 @@ impl PyPool {
         self.with(py, |p| p.synchronize(stream)).py_err(py)
     }
 
-    /// Compacts the pool, moving allocations made with `movable=True`: empties the emptiest
-    /// heap pages into the fullest, slides the allocations of each large segment down over
-    /// the free space before them (so that holes inside partly used pages become whole
-    /// pages), and gives every free page back to the device. Returns a report.
+    /// Compacts the pool, moving allocations made with `movable=True`: slides the allocations
+    /// of each large segment and heap page down over the free space before them (a stitched
+    /// one through its window), so that holes inside partly used pages gather; empties the
+    /// emptiest heap pages into free blocks elsewhere (other heap pages, or holes of large
+    /// segments); and gives every free page back to the device. Returns a report:
+    /// `moved_allocations` (each counted once), `moved_bytes` (bytes copied), `moves` (one
+    /// `(old, new)` pointer pair per allocation moved), `pages_emptied`, `bytes_released`
+    /// and `roots_released`.
     fn defrag<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let r = self.with(py, |p| p.defrag()).py_err(py)?;
         let d = PyDict::new(py);
