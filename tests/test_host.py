@@ -105,6 +105,46 @@ def test_defrag_preserves_contents(host_pool):
         assert read(a.ptr, n) == bytes([i]) * n
 
 
+def test_compaction_keeps_every_allocations_bytes(host_pool):
+    """Movable allocations of mixed sizes (heap, large, stitched) filled with their own bytes,
+    half freed at random, then the pool filled until a request fails even after compacting
+    on the way, then defragmented: every allocation still holds its bytes at its (possibly
+    new) address."""
+    rng = np.random.default_rng(7)
+    live = {}
+
+    def pattern(j, n):  # differs from byte to byte, so a shifted copy shows
+        return ((np.arange(n) + j) % 251).astype(np.uint8).tobytes()
+
+    def make(k):
+        n = int(2 ** rng.uniform(8, 21))  # 256 B to 2 MiB: heap, large and stitched
+        try:
+            a = host_pool.alloc(n, movable=True)
+        except gpumm.OutOfMemoryError:
+            return False
+        ctypes.memmove(a.ptr, pattern(k, n), n)
+        live[k] = (a, n)
+        return True
+
+    k = 0
+    while host_pool.stats()["live_bytes"] < 40 * MiB:
+        assert make(k)
+        k += 1
+    for j in rng.permutation(list(live))[: len(live) // 2]:
+        live.pop(j)[0].free()
+    kept = {j: a.ptr for j, (a, _) in live.items()}
+    while make(k):  # fills the holes, then compacts on the way to out of memory
+        k += 1
+    assert sum(kept[j] != live[j][0].ptr for j in kept) > 0  # (those moved then)
+    before = {j: a.ptr for j, (a, _) in live.items()}
+    r = host_pool.defrag()
+    assert sum(before[j] != a.ptr for j, (a, _) in live.items()) == len(r["moves"])
+    for j, (a, n) in live.items():
+        assert read(a.ptr, n) == pattern(j, n), f"allocation {j} lost its bytes"
+    assert host_pool.stats()["live_bytes"] > 0.9 * 64 * MiB
+    host_pool.validate()
+
+
 def test_released_pages_give_memory_back():
     dev = gpumm.Device(backend="host", vidmem="64MiB")
     pool = gpumm.MemoryPool(dev)
