@@ -1637,3 +1637,79 @@ fn injected_backend_failures_change_nothing() {
     eprintln!("fault injection: {injected} failures injected over 80 runs");
     assert!(injected >= 20, "only {injected} failures were injected");
 }
+
+/// An operation of `host_compaction_keeps_every_byte`: `(Some((size, movable)), _)` allocates
+/// (4 KiB to 4 MiB, log-uniform), `(None, i)` frees the `i`-th live allocation (modulo), and
+/// `(None, usize::MAX)` is a `defrag`.
+#[cfg(target_os = "linux")]
+fn host_op() -> impl Strategy<Value = (Option<(u64, bool)>, usize)> {
+    prop_oneof![
+        4 => (12.0f64..22.0, any::<bool>())
+            .prop_map(|(e, m)| (Some((2f64.powf(e) as u64, m)), 0usize)),
+        3 => any::<usize>().prop_map(|i| (None, i)),
+        1 => Just((None, usize::MAX)),
+    ]
+}
+
+#[cfg(target_os = "linux")]
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// Random streams of movable and fixed allocations (heap, large and stitched) on host
+    /// memory, each written with its own bytes; after every `defrag` and every request that
+    /// reached the way to out of memory, every live allocation still holds its bytes at its
+    /// (possibly new) address.
+    #[test]
+    fn host_compaction_keeps_every_byte(ops in proptest::collection::vec(host_op(), 1..80)) {
+        // bytes to copy from: allocation `k` holds `noise[k % 4096..][..size]`, which differs
+        // from byte to byte, so a copy to the wrong offset shows
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let noise: Vec<u8> = (0..(8 * MIB + 4096))
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let mut p = pool_on(host_device(16 * MIB));
+        let mut live: Vec<(AllocId, usize, usize)> = vec![];
+        let check = |p: &Pool, live: &[(AllocId, usize, usize)]| {
+            for &(id, k, n) in live {
+                let ptr = p.info(id).unwrap().ptr;
+                // SAFETY: a live allocation of `n` bytes of the host backend.
+                let b = unsafe { std::slice::from_raw_parts(ptr as *const u8, n) };
+                assert!(b == &noise[k % 4096..][..n], "allocation {k} lost its bytes");
+            }
+        };
+        for (k, op) in ops.into_iter().enumerate() {
+            match op {
+                (Some((size, movable)), _) => {
+                    let r = p.alloc(Request { size, movable, ..Request::default() });
+                    match r {
+                        Ok((id, ptr)) => {
+                            let n = size as usize;
+                            // SAFETY: as above, just allocated.
+                            let b = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, n) };
+                            b.copy_from_slice(&noise[k % 4096..][..n]);
+                            live.push((id, k, n));
+                        }
+                        Err(Error::OutOfMemory(_)) => check(&p, &live),
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+                (None, usize::MAX) => {
+                    p.defrag().unwrap();
+                    check(&p, &live);
+                }
+                (None, i) if !live.is_empty() => {
+                    let (id, _, _) = live.swap_remove(i % live.len());
+                    p.free(id).unwrap();
+                }
+                _ => {}
+            }
+        }
+        p.defrag().unwrap();
+        check(&p, &live);
+    }
+}
