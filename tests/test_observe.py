@@ -170,6 +170,22 @@ def test_pool_diagnosis_and_oom_attributes(device):
         pool.close()
 
 
+def test_diagnosis_tells_full_movable_pages_from_none(device):
+    pool = gpumm.MemoryPool(device, max_size="8MiB")
+    full = [pool.alloc(64 * KiB, movable=True) for _ in range(32)]  # one heap page, full
+    fixed = pool.alloc(64 * KiB)  # a second heap page, with an allocation that may not move
+    lines = pool.diagnose("8MiB").lines()
+    assert any("the 1 holding only movable allocations have no room" in l for l in lines), lines
+    assert not any("no heap page holds only movable" in l for l in lines), lines
+    # with none that may move
+    other = gpumm.MemoryPool(device, max_size="8MiB")
+    pinned = [other.alloc(64 * KiB) for _ in range(32)]
+    lines = other.diagnose("8MiB").lines()
+    assert any("no heap page holds only movable" in l for l in lines), lines
+    for a in full + pinned + [fixed]:
+        a.free()
+
+
 def test_doctor_cli(tmp_path, capsys):
     csv = tmp_path / "t.csv"
     rows = ["Thread,Time,Action,Pointer,Size,Stream"]

@@ -89,6 +89,9 @@ def diagnose_pool(pool: Any, size: Optional[int] = None) -> Diagnosis:
                 verdict = "enough" if gain >= short else "not enough"
                 add(Finding("remedy", f"defrag() would empty about {fs(gain)} of heap pages holding "
                             f"only movable allocations ({verdict})", gain))
+            elif used_movable:
+                add(Finding("fact", f"defrag() cannot empty a heap page: the {len(used_movable)} "
+                            f"holding only movable allocations have no room for each other's"))
             elif heap:
                 add(Finding("fact", f"defrag() cannot help: no heap page holds only movable "
                             f"allocations (alloc(..., movable=True) lets it move them)"))
