@@ -175,24 +175,31 @@ def test_allocation_objects_are_recycled_clean():
     import weakref
 
     pool = gpumm.MemoryPool(gpumm.Device(vidmem="64MiB"))
-    a = pool.alloc(1000)
-    gone = weakref.ref(a)
-    a.free()
-    del a
-    assert gone() is None
-    b = pool.alloc(3000, stream=7)
-    assert not gc.is_tracked(b)
-    assert (b.size, b.stream, weakref.getweakrefcount(b)) == (3000, 7, 0)
-    assert weakref.ref(b)() is b
-    # more objects than are kept at once (1,024): the rest go back to CPython and come anew
-    many = [pool.alloc(256 + i) for i in range(3000)]
-    assert [m.size for m in many] == [256 + i for i in range(3000)]
-    for m in many:
-        m.free()
-    del many, m
-    again = [pool.alloc(512) for _ in range(3000)]
-    assert sum(not gc.is_tracked(x) for x in again) == 1024
-    assert len({x.ptr for x in again}) == 3000
+    # (no collection in between: one would drop earlier tests' objects into the kept ones)
+    gc.collect()
+    gc.disable()
+    try:
+        a = pool.alloc(1000)
+        gone = weakref.ref(a)
+        a.free()
+        del a
+        assert gone() is None
+        b = pool.alloc(3000, stream=7)
+        assert not gc.is_tracked(b)
+        assert (b.size, b.stream, weakref.getweakrefcount(b)) == (3000, 7, 0)
+        assert weakref.ref(b)() is b
+        # more objects than are kept at once (1,024): the rest go back to CPython and come
+        # anew
+        many = [pool.alloc(256 + i) for i in range(3000)]
+        assert [m.size for m in many] == [256 + i for i in range(3000)]
+        for m in many:
+            m.free()
+        del many, m
+        again = [pool.alloc(512) for _ in range(3000)]
+        assert sum(not gc.is_tracked(x) for x in again) == 1024
+        assert len({x.ptr for x in again}) == 3000
+    finally:
+        gc.enable()
     for x in again:
         x.free()
     b.free()
