@@ -135,7 +135,7 @@ const RUN_FIRST_DIV: u64 = 16;
 /// (40 seeds), as most holes left inside pages are small beside what would slide over them.
 const SLIDE_MIN_DIV: u64 = 1024;
 
-/// `compact_segments` walks the large segments again while a walk moved something, at most
+/// `compact_pages` walks the large segments and heap pages again while a walk moved something, at most
 /// this many times: a stitched allocation's slide frees space after its tail, in another
 /// segment, which a later walk can slide the next allocation over.
 const COMPACT_PASSES: usize = 8;
@@ -3225,10 +3225,10 @@ impl Pool {
             .any(|x| x.state == State::Live && x.movable && x.pins == 0)
     }
 
-    /// Compacts the pool: moves movable allocations out of the emptiest heap pages into free
-    /// blocks of the others, slides those of each large segment down over the free space
-    /// before them (`compact_segments`), copying their bytes, then gives every free page back
-    /// to the device.
+    /// Compacts the pool: slides movable allocations of large segments and heap pages down
+    /// over the free space before them (`compact_pages`), empties heap pages of movable
+    /// allocations into free blocks elsewhere (`evacuate_heap_pages`), copying their bytes,
+    /// then gives every free page back to the device.
     pub fn defrag(&mut self) -> Result<DefragReport> {
         self.open()?;
         self.flush_cache();
@@ -3239,13 +3239,13 @@ impl Pool {
         Ok(report)
     }
 
-    /// `defrag`'s moves: large segments compacted (`compact_segments`), which gathers their
-    /// holes, then heap pages emptied into any free block (`evacuate_heap_pages`). (In that
+    /// `defrag`'s moves: large segments and heap pages compacted (`compact_pages`), which
+    /// gathers their holes, then heap pages emptied into any free block (`evacuate_heap_pages`). (In that
     /// order the fill to failure with every allocation movable was 99.929 against 99.912 %,
     /// 40 seeds.)
     fn defrag_inner(&mut self) -> DefragReport {
         let mut report = DefragReport::default();
-        self.compact_segments(&mut report);
+        self.compact_pages(&mut report);
         self.evacuate_heap_pages(&mut report);
         report.merge_moves();
         report
@@ -3268,7 +3268,7 @@ impl Pool {
     /// used pages are what a stitched request cannot use (free space is only usable at a
     /// page's start or end): this gathers them into whole pages or into holes large enough
     /// for the allocations of emptied heap pages (`evacuate_heap_pages`).
-    fn compact_segments(&mut self, report: &mut DefragReport) {
+    fn compact_pages(&mut self, report: &mut DefragReport) {
         for _ in 0..COMPACT_PASSES {
             let moved = report.moved_allocs;
             if !self.compact_pass(report) || report.moved_allocs == moved {
@@ -3277,7 +3277,7 @@ impl Pool {
         }
     }
 
-    /// One walk of `compact_segments` over every large segment and heap page; false when the
+    /// One walk of `compact_pages` over every large segment and heap page; false when the
     /// backend could not copy (the rest is left as it is).
     fn compact_pass(&mut self, report: &mut DefragReport) -> bool {
         for p in 0..self.pages.len() as u32 {
