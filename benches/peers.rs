@@ -6,7 +6,8 @@
 //!   anonymous mapping (MAP_NORESERVE; only block headers are ever touched).
 //!
 //! Streams: `churn` (2048 live allocations of log-uniform sizes 256 B – 64 MiB; each step frees
-//! a random one of the churning half and allocates a new size: one alloc + free pair),
+//! a random one of the churning half and allocates a new size: one alloc + free pair; another
+//! live count with `GPUMM_CHURN_LIVE`),
 //! `fixed-1KiB` and `fixed-64KiB` (a pair of that size on a warm allocator), and
 //! `trace-<name>`: the events of each real RMM-log trace in `../shared/traces/` (training
 //! steps of gpt2, bert, resnet50), replayed whole and what is left live freed, one iteration a
@@ -94,10 +95,28 @@ impl Peer for Rlsf {
     }
 }
 
+/// The churn stream's live allocations: 2,048, or `GPUMM_CHURN_LIVE` (then the group is
+/// `peers-churn-live<N>`, apart from the standard one that `compare.py` reads). The ratio
+/// depends on it: an allocation's metadata is a 64-byte slot and a 32-byte block in gpumm,
+/// a 28-byte node in offset-allocator, so their hot sets outgrow the L1 cache at different
+/// sizes (benches/RESULTS.md, fourteenth session).
+fn churn_live() -> usize {
+    std::env::var("GPUMM_CHURN_LIVE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n >= 2)
+        .unwrap_or(2048)
+}
+
 fn churn<P: Peer>(c: &mut Criterion, name: &str, mut p: P) {
-    let mut g = c.benchmark_group("peers-churn");
+    let live = churn_live();
+    let group = match live {
+        2048 => "peers-churn".to_string(),
+        n => format!("peers-churn-live{n}"),
+    };
+    let mut g = c.benchmark_group(group);
     g.throughput(Throughput::Elements(1));
-    common::churn(&mut g, name, &mut p, 2048, (8.0, 26.0));
+    common::churn(&mut g, name, &mut p, live, (8.0, 26.0));
     g.finish();
 }
 
