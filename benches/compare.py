@@ -44,6 +44,8 @@ def criterion(quick: bool) -> Dict[Tuple[str, str], float]:
     base = ROOT / "target" / "criterion"
     for est in base.glob("peers-*/*/new/estimates.json"):
         group, name = est.parts[-4], est.parts[-3]
+        if group.startswith("peers-churn-live"):
+            continue  # a GPUMM_CHURN_LIVE run's, not this run's
         # per operation: a trace iteration replays all its operations (the throughput)
         meta = json.loads((est.parent / "benchmark.json").read_text())
         ops = (meta.get("throughput") or {}).get("Elements", 1)

@@ -101,11 +101,13 @@ impl Peer for Rlsf {
 /// a 28-byte node in offset-allocator, so their hot sets outgrow the L1 cache at different
 /// sizes (benches/RESULTS.md, fourteenth session).
 fn churn_live() -> usize {
-    std::env::var("GPUMM_CHURN_LIVE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n >= 2)
-        .unwrap_or(2048)
+    match std::env::var("GPUMM_CHURN_LIVE") {
+        Err(_) => 2048,
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if n >= 2 => n,
+            _ => panic!("GPUMM_CHURN_LIVE={v:?}: a number of live allocations, at least 2"),
+        },
+    }
 }
 
 fn churn<P: Peer>(c: &mut Criterion, name: &str, mut p: P) {
