@@ -28,7 +28,8 @@ __all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "re
 
 #: Every allocator model, in report order.
 ALLOCATORS: Tuple[str, ...] = tuple(_core.ALLOCATORS)
-_CODES = {"alloc": 0, "free": 1, "segment_alloc": 2, "segment_free": 3}
+_CODES = {"alloc": 0, "free": 1, "segment_alloc": 2, "segment_free": 3, "segment_map": 4,
+          "segment_unmap": 5}
 
 
 @dataclass

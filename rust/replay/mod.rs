@@ -29,6 +29,10 @@ pub enum Action {
     SegmentAlloc,
     /// The real allocator gave the segment at `addr` back to the device.
     SegmentFree,
+    /// The real allocator mapped `size` bytes of pages at `addr` into an expandable segment.
+    SegmentMap,
+    /// The real allocator unmapped `size` bytes of pages at `addr` from an expandable segment.
+    SegmentUnmap,
 }
 
 impl Action {
@@ -38,6 +42,8 @@ impl Action {
             1 => Action::Free,
             2 => Action::SegmentAlloc,
             3 => Action::SegmentFree,
+            4 => Action::SegmentMap,
+            5 => Action::SegmentUnmap,
             _ => return None,
         })
     }
@@ -215,6 +221,7 @@ pub fn run(
             }
             Action::SegmentAlloc => model.segment_hint(e.addr, e.size),
             Action::SegmentFree => model.segment_released(e.addr),
+            Action::SegmentMap | Action::SegmentUnmap => {}
         }
         let reserved = model.reserved();
         let new_peak = live > r.peak_live || reserved > r.peak_reserved;

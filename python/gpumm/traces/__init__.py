@@ -10,14 +10,15 @@
 """
 
 import os
-from typing import Union
+from typing import List, Optional, Union
 
 from gpumm.errors import TraceFormatError
 from gpumm.traces.base import ACTIONS, Event, StartState, Trace
 from gpumm.traces.pool_replay import PoolReplay, min_capacity, replay_pool
 from gpumm.traces.profiler import read_profiler_json
 from gpumm.traces.rmm import read_rmm_csv, write_rmm_csv
-from gpumm.traces.snapshot import load_snapshot, read_snapshot, write_snapshot
+from gpumm.traces.snapshot import (load_snapshot, read_snapshot, read_snapshot_devices,
+                                   snapshot_devices, write_snapshot)
 
 __all__ = [
     "ACTIONS",
@@ -25,9 +26,12 @@ __all__ = [
     "StartState",
     "Trace",
     "read_trace",
+    "read_traces",
     "read_rmm_csv",
     "write_rmm_csv",
     "read_snapshot",
+    "read_snapshot_devices",
+    "snapshot_devices",
     "load_snapshot",
     "write_snapshot",
     "read_profiler_json",
@@ -37,9 +41,35 @@ __all__ = [
 ]
 
 
-def read_trace(path: Union[str, "os.PathLike[str]"]) -> Trace:
-    """Reads an RMM CSV, a PyTorch snapshot pickle or a profiler JSON, by its first bytes."""
+def read_traces(path: Union[str, "os.PathLike[str]"]) -> List[Trace]:
+    """Every device's trace in the file: one per device of a snapshot (a recorded
+    out-of-memory failure's device first), one for an RMM log or a profiler trace."""
     name = os.fspath(path)
+    if _format(name) == "snapshot":
+        return read_snapshot_devices(name)
+    return [read_trace(name)]
+
+
+def read_trace(path: Union[str, "os.PathLike[str]"], device: Optional[int] = None) -> Trace:
+    """Reads an RMM CSV, a PyTorch snapshot pickle or a profiler JSON, by its first bytes.
+    ``device``: which device of a snapshot (default: the first of :func:`read_traces`'s
+    order, so the device of a recorded out-of-memory failure)."""
+    name = os.fspath(path)
+    fmt = _format(name)
+    if fmt == "snapshot":
+        if device is None:
+            data = load_snapshot(name)
+            return read_snapshot(name, snapshot_devices(data)[0])
+        return read_snapshot(name, device)
+    if device not in (None, 0):
+        raise TraceFormatError(f"{name}: a {fmt} trace has one device (0), not {device}")
+    if fmt == "profiler":
+        return read_profiler_json(name)
+    return read_rmm_csv(name)
+
+
+def _format(name: str) -> str:
+    """"snapshot", "profiler" or "rmm", from the file's first bytes."""
     try:
         with open(name, "rb") as f:
             head = f.read(4096)
@@ -56,11 +86,11 @@ def read_trace(path: Union[str, "os.PathLike[str]"]) -> Trace:
             raise TraceFormatError(f"{name}: corrupt gzip data: {e}") from None
     text = head.lstrip()
     if head[:1] == b"\x80":
-        return read_snapshot(name)
+        return "snapshot"
     if text[:1] in (b"{", b"["):
-        return read_profiler_json(name)
+        return "profiler"
     if text.startswith(b"Thread,"):
-        return read_rmm_csv(name)
+        return "rmm"
     raise TraceFormatError(
         f"{name}: not a known trace format (RMM CSV, PyTorch snapshot pickle, profiler JSON)"
     )

@@ -9,8 +9,10 @@ __all__ = ["Event", "Trace", "StartState", "ACTIONS"]
 
 #: Event actions. "alloc" and "free" move live memory; "alloc_failed" and "oom" record a
 #: failure of the real allocator; "segment_alloc" / "segment_free" record it taking memory
-#: from the device or giving it back (PyTorch snapshots).
-ACTIONS = ("alloc", "free", "alloc_failed", "oom", "segment_alloc", "segment_free")
+#: from the device or giving it back, "segment_map" / "segment_unmap" mapping pages into an
+#: expandable segment or unmapping them (PyTorch snapshots).
+ACTIONS = ("alloc", "free", "alloc_failed", "oom", "segment_alloc", "segment_free",
+           "segment_map", "segment_unmap")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,15 @@ class Trace:
     final_segments: List[Dict[str, Any]] = field(default_factory=list)
     #: False for a snapshot with state but no history
     has_history: bool = True
+    #: the CUDA device index the events are of (snapshots hold one history per device)
+    device: int = 0
+
+    def recorded_ooms(self) -> List[Dict[str, Any]]:
+        """The out-of-memory failures the real allocator recorded (``oom`` events of a
+        snapshot, ``allocate failure`` rows of an RMM log): for each, ``index`` (into
+        ``events``), ``size`` (bytes requested), ``time_us`` and ``frames``."""
+        return [{"index": i, "size": e.size, "time_us": e.time_us, "frames": e.frames}
+                for i, e in enumerate(self.events) if e.action in ("oom", "alloc_failed")]
 
     @property
     def num_allocs(self) -> int:
@@ -96,9 +107,9 @@ class Trace:
             return None
         cur = peak = self.start.reserved_bytes
         for e in self.events:
-            if e.action == "segment_alloc":
+            if e.action in ("segment_alloc", "segment_map"):
                 cur += e.size
                 peak = max(peak, cur)
-            elif e.action == "segment_free":
+            elif e.action in ("segment_free", "segment_unmap"):
                 cur -= e.size
         return peak

@@ -26,12 +26,13 @@ import io
 import os
 import pickle
 import pickletools
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from gpumm.errors import TraceFormatError
 from gpumm.traces.base import Event, StartState, Trace
 
-__all__ = ["read_snapshot", "load_snapshot", "write_snapshot"]
+__all__ = ["read_snapshot", "read_snapshot_devices", "snapshot_devices", "load_snapshot",
+           "write_snapshot"]
 
 _LIVE_STATES = ("active_allocated", "active_pending_free")
 
@@ -121,10 +122,41 @@ def _frames(entry: Dict[str, Any], table: List[List[str]], index: Dict[Tuple[str
     return i
 
 
+def snapshot_devices(data: Dict[str, Any]) -> List[int]:
+    """The devices a loaded snapshot holds history or segments for: those with a recorded
+    ``oom`` first, then by index."""
+    traces = data.get("device_traces") or []
+    found = set()
+    if isinstance(traces, list):
+        found.update(d for d, h in enumerate(traces) if isinstance(h, list) and h)
+    for seg in data.get("segments") or []:
+        if isinstance(seg, dict):
+            d = seg.get("device", 0)
+            if isinstance(d, int) and not isinstance(d, bool) and d >= 0:
+                found.add(d)
+
+    def had_oom(d: int) -> bool:
+        h = traces[d] if isinstance(traces, list) and d < len(traces) else []
+        return isinstance(h, list) and any(isinstance(e, dict) and e.get("action") == "oom" for e in h)
+
+    return sorted(found or {0}, key=lambda d: (not had_oom(d), d))
+
+
+def read_snapshot_devices(path: Union[str, "os.PathLike[str]"]) -> List[Trace]:
+    """One :class:`Trace` per device of the snapshot (see :func:`snapshot_devices` for the
+    order), read from one load of the file."""
+    name = os.fspath(path)
+    data = load_snapshot(name)
+    return [_read_device(data, name, d) for d in snapshot_devices(data)]
+
+
 def read_snapshot(path: Union[str, "os.PathLike[str]"], device: int = 0) -> Trace:
     """Reads a snapshot's history for ``device`` (and its start state) as a :class:`Trace`."""
     name = os.fspath(path)
-    data = load_snapshot(name)
+    return _read_device(load_snapshot(name), name, device)
+
+
+def _read_device(data: Dict[str, Any], name: str, device: int) -> Trace:
     segments = data["segments"]
     if not isinstance(segments, list):
         raise TraceFormatError(f"{name}: 'segments' must be a list")
@@ -176,17 +208,20 @@ def read_snapshot(path: Union[str, "os.PathLike[str]"], device: int = 0) -> Trac
         if not isinstance(e, dict) or not isinstance(e.get("action"), str):
             raise TraceFormatError(f"{where}: must be a dict with an 'action'")
         act = e["action"]
-        if act in ("free_requested", "snapshot", "segment_map", "segment_unmap"):
-            continue  # frees happen at free_completed; maps are inside expandable segments
+        if act in ("free_requested", "snapshot"):
+            continue  # frees happen at free_completed
         kind = {"alloc": "alloc", "free_completed": "free", "segment_alloc": "segment_alloc",
-                "segment_free": "segment_free", "oom": "oom"}.get(act)
+                "segment_free": "segment_free", "segment_map": "segment_map",
+                "segment_unmap": "segment_unmap", "oom": "oom"}.get(act)
         if kind is None:
             raise TraceFormatError(f"{where}: unknown action {act!r}")
         t = e.get("time_us", 0)
         t = t if isinstance(t, int) else 0
         t0 = t if t0 is None else t0
         stream = e.get("stream", 0)
-        events.append(Event(kind, _int(e, "addr", where), _int(e, "size", where),
+        # an ``oom`` entry has no address (it carries ``device_free`` instead)
+        addr = 0 if kind == "oom" and e.get("addr") is None else _int(e, "addr", where)
+        events.append(Event(kind, addr, _int(e, "size", where),
                             stream if isinstance(stream, int) else 0, t - t0, 0,
                             _frames(e, frames, frame_index) if kind == "alloc" else -1))
 
@@ -201,6 +236,10 @@ def read_snapshot(path: Union[str, "os.PathLike[str]"], device: int = 0) -> Trac
             start_segs.pop(e.ptr, None)
         elif e.action == "segment_free":
             start_segs[e.ptr] = (e.size, e.stream)
+        elif e.action == "segment_map":
+            _unmap(start_segs, e.ptr, e.size)
+        elif e.action == "segment_unmap":
+            _map(start_segs, e.ptr, e.size, e.stream)
     start = StartState(
         segments=sorted((a, s, st) for a, (s, st) in start_segs.items()),
         blocks=sorted((a, req, bs, st) for a, (req, bs, st) in start_live.items()),
@@ -215,7 +254,47 @@ def read_snapshot(path: Union[str, "os.PathLike[str]"], device: int = 0) -> Trac
         settings=settings if isinstance(settings, dict) else {},
         final_segments=final,
         has_history=any(e.action == "alloc" for e in events),
+        device=device,
     )
+
+
+def _containing(segs: Dict[int, Tuple[int, int]], addr: int) -> Optional[int]:
+    """The start address of the segment in ``segs`` that holds ``addr`` (or ends at it)."""
+    for a, (size, _) in segs.items():
+        if a <= addr <= a + size:
+            return a
+    return None
+
+
+def _unmap(segs: Dict[int, Tuple[int, int]], addr: int, size: int) -> None:
+    """Rewinds a ``segment_map``: the pages at ``addr`` were not mapped before it. An
+    expandable segment is one address range whose mapped pages grow at its end."""
+    a = _containing(segs, addr)
+    if a is None:
+        return
+    total, stream = segs.pop(a)
+    before = addr - a  # mapped below the pages
+    after = a + total - (addr + size)  # mapped above them
+    if before > 0:
+        segs[a] = (before, stream)
+    if after > 0:
+        segs[addr + size] = (after, stream)
+
+
+def _map(segs: Dict[int, Tuple[int, int]], addr: int, size: int, stream: int) -> None:
+    """Rewinds a ``segment_unmap``: the pages at ``addr`` were mapped before it, joined to
+    the mapped range they touch."""
+    a = _containing(segs, addr)
+    if a is not None and a + segs[a][0] == addr:
+        total, st = segs.pop(a)
+        segs[a] = (total + size, st)
+    else:
+        segs[addr] = (size, stream)
+    nxt = addr + size
+    if nxt in segs and a is not None:
+        more, _ = segs.pop(nxt)
+        total, st = segs.pop(a)
+        segs[a] = (total + more, st)
 
 
 def _block_size(requested: int) -> int:
