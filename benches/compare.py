@@ -93,7 +93,7 @@ def python_peers(quick: bool) -> Dict[Tuple[str, str], float]:
 
 def machine() -> str:
     """The CPU model and core count, as the results' machine (ratios move between machines:
-    benches/RESULTS.md, tenth session)."""
+    benches/RESULTS.md, "Machines")."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

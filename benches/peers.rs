@@ -99,7 +99,7 @@ impl Peer for Rlsf {
 /// `peers-churn-live<N>`, apart from the standard one that `compare.py` reads). The ratio
 /// depends on it: an allocation's metadata is a 64-byte slot and a 32-byte block in gpumm,
 /// a 28-byte node in offset-allocator, so their hot sets outgrow the L1 cache at different
-/// sizes (benches/RESULTS.md, fourteenth session).
+/// sizes (benches/RESULTS.md, "The churn by live-set size").
 fn churn_live() -> usize {
     match std::env::var("GPUMM_CHURN_LIVE") {
         Err(_) => 2048,

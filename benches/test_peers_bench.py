@@ -123,11 +123,11 @@ NAMES = list(peers())
 
 def timed(benchmark, group, name, fn):
     """Times ``fn``, which makes CHUNK pairs in a plain ``for`` loop, as one allocator's row
-    of ``group``, per pair (``events``): the loop is what the null row subtracts. (Until the
-    seventh session each timed call made one pair, 100 calls a round: the harness's call of
-    ``fn(*args, **kwargs)`` then came with every pair, and timed that way the null loop was
-    30 ns slower than a plain loop but an allocator's loop about 60 ns slower, so half of
-    the harness stayed in every net cost; benches/RESULTS.md.) Fewer rounds for the
+    of ``group``, per pair (``events``): the loop is what the null row subtracts. A timed
+    call is a loop of pairs, not one pair: the harness's call of ``fn(*args, **kwargs)``
+    does not cancel against the null loop (timed one pair a call, the null loop is 30 ns
+    slower than a plain loop but an allocator's loop about 60 ns slower, so half of the
+    harness would stay in every net cost; benches/RESULTS.md). Fewer rounds for the
     pure-Python best fit of virtual-allocator, which is three orders of magnitude slower."""
     benchmark.group = group
     benchmark.extra_info["allocator"] = name

@@ -55,10 +55,9 @@ def test_churn_pair(benchmark, kind):
 
 def test_null_pair(benchmark):
     """The loop's own cost: the same iteration with two trivial C calls (``len``, as the peer
-    bench's null loop). Until the twelfth session it called an ``Allocation``'s ``size``
-    getter through its descriptor's ``__get__``, a slot wrapper that costs more than a C
-    function: with the pair as cheap as it is now, that null loop cost nearly as much as
-    gpumm's (245.6 against 256.8 ns a pair)."""
+    bench's null loop), not an ``Allocation``'s ``size`` getter: the getter goes through its
+    descriptor's ``__get__``, a slot wrapper that costs more than a C function, and a null
+    loop of getters costs nearly what gpumm's pair does (245.6 against 256.8 ns a pair)."""
     pool, live, stream, slots = churn_pool()
     steps = itertools.cycle(zip(slots, stream))
     nop = len
