@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpumm.cli import demo_trace_path, main
-from gpumm.errors import InvalidArgumentError
+from gpumm import _core
+from gpumm.errors import InvalidArgumentError, InvalidStateError
 from gpumm.replay import ALLOCATORS, prepare, replay
 from gpumm.report import _map_svg, explain_ooms, html_report
 from gpumm.traces import read_rmm_csv, read_trace
@@ -124,6 +125,63 @@ def test_ooms_are_explained(tmp_path):
     assert c.ooms and c.ooms[0]["size"] == 5 * MiB
     text = explain_ooms(c)[0]
     assert "5 MiB requested" in text and "live" in text and "largest free run" in text
+
+
+def _failing(monkeypatch, fn, model):
+    """Makes ``_core.<fn>`` raise for ``model`` as the core does when a model breaks."""
+    real = getattr(_core, fn)
+
+    def fake(name, *args, **kwargs):
+        if name == model:
+            raise InvalidStateError(f"{name}: bookkeeping broken at event 7")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(_core, fn, fake)
+
+
+def test_a_model_failing_in_the_core_is_reported_and_the_others_go_on(tmp_path, monkeypatch):
+    t = read_rmm_csv(small_trace(tmp_path))
+    _failing(monkeypatch, "replay", "caching")
+    _failing(monkeypatch, "replay_min_capacity", "cupy")
+    report = replay(t, capacity="1GiB")
+    assert list(report.results) == list(ALLOCATORS)
+    c, cupy = report.results["caching"], report.results["cupy"]
+    assert "replay failed" in c.error and "event 7" in c.error
+    assert c.peak_reserved == 0 and c.min_capacity is None and not c.timeline
+    # the replay of cupy ran; its smallest-capacity search failed
+    assert cupy.peak_reserved > 0 and cupy.min_capacity is None
+    assert "smallest-capacity search failed" in cupy.error
+    for name in set(ALLOCATORS) - {"caching", "cupy"}:
+        r = report.results[name]
+        assert r.error is None and r.peak_reserved > 0 and r.min_capacity is not None
+    j = report.to_json()["allocators"]
+    assert "event 7" in j["caching"]["error"] and j["caching"]["peak_reserved"] is None
+    assert j["cupy"]["min_capacity"] is None and j["cupy"]["peak_reserved"] > 0
+    assert j["gpumm"]["error"] is None
+    text = _terminal(report)
+    assert next(l for l in text.splitlines() if l.split()[:1] == ["caching"]).split()[1] == "error"
+    page = html_report(report)
+    assert "bookkeeping broken at event 7" in page
+
+
+def test_cli_goes_on_after_a_model_fails(tmp_path, monkeypatch, capsys):
+    path = str(small_trace(tmp_path))
+    _failing(monkeypatch, "replay", "caching")
+    assert main(["replay", path, "--capacity", "1GiB", "--html", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out
+    rows = {l.split()[0]: l.split()[1:] for l in out.splitlines() if l.split()[:1] in
+            [[n] for n in ALLOCATORS]}
+    assert rows["caching"][0] == "error" and rows["gpumm"][0] != "error"
+    assert "error caching: replay failed: caching: bookkeeping broken at event 7" in " ".join(out.split())
+    assert main(["replay", path, "--capacity", "1GiB", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "event 7" in data["allocators"]["caching"]["error"]
+    assert data["allocators"]["buddy"]["error"] is None
+    # the doctor replays gpumm, caching and driver: it names the failure and goes on
+    _failing(monkeypatch, "replay", "gpumm")
+    assert main(["doctor", path, "--capacity", "1GiB"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the gpumm model failed on this trace" in out and "peak live" in out
 
 
 def test_unknown_allocator():

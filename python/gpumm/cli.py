@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from rich.console import Console
 from rich import box
@@ -243,29 +244,49 @@ def _pool_table(s: dict, title: str) -> Table:
     return t
 
 
+def _devices_note(traces: Sequence[Any], out: Console, what: str) -> None:
+    """Before a multi-device report: which devices it has, in its order, and how to pick one."""
+    if len(traces) < 2:
+        return
+    devs = ", ".join(f"{t.device}" + (" (recorded an out-of-memory failure)"
+                                      if t.recorded_ooms() else "") for t in traces)
+    out.print(f"{os.path.basename(traces[0].source)} holds {len(traces)} devices; {what} each, "
+              f"in this order: {devs}. --gpu N for one.", highlight=False)
+
+
+def _device_heading(trace: Any, out: Console) -> None:
+    """A snapshot's devices each under a heading; an RMM log or profiler trace has none."""
+    if trace.format == "snapshot":
+        out.rule(f"[bold]device {trace.device}[/bold]")
+
+
 def cmd_replay(args: argparse.Namespace, out: Console) -> int:
-    """Replays a trace through gpumm and models of other allocators."""
+    """Replays a trace through gpumm and models of other allocators, each device of a
+    snapshot in turn (the one with a recorded out-of-memory failure first)."""
     import json
 
     from rich.progress import Progress
 
-    from gpumm.report import explain_ooms, html_report, table
-    from gpumm.replay import ALLOCATORS, replay
-    from gpumm.traces import read_trace
+    from gpumm.report import explain_ooms, html_report, recorded_oom_lines, table
+    from gpumm.replay import ALLOCATORS, devices_json, read_devices, replay
 
-    trace = read_trace(args.trace)
+    traces = read_devices(args.trace, args.gpu)
     names = [n.strip() for n in args.allocator.split(",") if n.strip()] if args.allocator else list(ALLOCATORS)
     quiet = args.json == "-"
-    with Progress(transient=True, disable=quiet or len(trace.events) < 50_000, console=out) as bar:
-        task = bar.add_task("replaying", total=len(names))
+    events = sum(len(t.events) for t in traces)
+    reports = []
+    with Progress(transient=True, disable=quiet or events < 50_000, console=out) as bar:
+        task = bar.add_task("replaying", total=len(names) * len(traces))
+        for t in traces:
+            where = f"device {t.device}: " if len(traces) > 1 else ""
 
-        def step(name: str) -> None:
-            bar.update(task, advance=1, description=f"replaying through {name}")
+            def step(name: str, where: str = where) -> None:
+                bar.update(task, advance=1, description=f"{where}replaying through {name}")
 
-        report = replay(trace, names, capacity=args.capacity, device=args.device,
-                        min_capacity=not args.no_min_capacity, progress=step)
+            reports.append(replay(t, names, capacity=args.capacity, device=args.device,
+                                  min_capacity=not args.no_min_capacity, progress=step))
     if args.json:
-        text = json.dumps(report.to_json(), indent=2)
+        text = json.dumps(devices_json(reports), indent=2)
         if args.json == "-":
             print(text)
         else:
@@ -273,16 +294,25 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
                 f.write(text + "\n")
     if args.html:
         with open(args.html, "w") as f:
-            f.write(html_report(report))
+            f.write(html_report(reports))
     if quiet:
         return 0
-    if not trace.has_history:
-        out.print("[yellow]This snapshot has state but no history:[/yellow] the replay allocates "
-                  "its live blocks only, to show what each allocator needs to hold that state.")
-    out.print(table(report))
-    for name, r in report.results.items():
-        for line in explain_ooms(r):
-            out.print(f"[red]OOM[/red] {name}: {line}")
+    _devices_note(traces, out, "replayed")
+    for t, report in zip(traces, reports):
+        _device_heading(t, out)
+        for line in recorded_oom_lines(report):
+            out.print(f"[red]OOM recorded:[/red] {line}", highlight=False)
+        if not t.has_history:
+            out.print("[yellow]This snapshot has state but no history:[/yellow] the replay "
+                      "allocates its live blocks only, to show what each allocator needs to "
+                      "hold that state.")
+        out.print(table(report))
+        for name, r in report.results.items():
+            if r.error:
+                out.print(f"[red]error[/red] {name}: {r.error}", highlight=False)
+        for name, r in report.results.items():
+            for line in explain_ooms(r):
+                out.print(f"[red]OOM[/red] {name}: {line}")
     for what, path in (("JSON", args.json), ("HTML", args.html)):
         if path and path != "-":
             out.print(f"{what} written to {path}")
@@ -343,14 +373,19 @@ def cmd_uvm(args: argparse.Namespace, out: Console) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, out: Console) -> int:
-    """The out-of-memory checklist for a trace or a snapshot."""
-    from gpumm.doctor import diagnose_file
+    """The out-of-memory checklist for a trace or a snapshot, per device."""
+    from gpumm.doctor import diagnose_trace
+    from gpumm.replay import read_devices
 
-    d = diagnose_file(args.trace, capacity=args.capacity)
+    traces = read_devices(args.trace, args.gpu)
     out.print(f"[bold]gpumm doctor[/bold] {args.trace}")
-    for i, f in enumerate(d.findings, 1):
-        mark = "[green]→[/green]" if f.kind == "remedy" else " "
-        out.print(f"{i:2d}. {mark} {f.text}", highlight=False)
+    _devices_note(traces, out, "diagnosed")
+    for t in traces:
+        _device_heading(t, out)
+        d = diagnose_trace(t, args.capacity)
+        for i, f in enumerate(d.findings, 1):
+            mark = "[green]→[/green]" if f.kind == "remedy" else " "
+            out.print(f"{i:2d}. {mark} {f.text}", highlight=False)
     return 0
 
 
@@ -420,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", metavar="OUT", help="write the results as JSON ('-' for stdout only)")
     rp.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
     rp.add_argument("--no-min-capacity", action="store_true", help="skip the smallest-capacity search")
+    rp.add_argument("--gpu", type=int, metavar="N", help="replay device N of a snapshot only "
+                    "(default: every device, the one with a recorded OOM first)")
     uv = sub.add_parser("uvm", help="unified memory under oversubscription (a model of the UVM driver)")
     uv.add_argument("--device", default="h100", help="device preset (default h100)")
     uv.add_argument("--vidmem", help="GPU memory to model instead of the preset's (e.g. 8GiB)")
@@ -437,6 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("doctor", help="why a job ran out of memory (or reserved too much): a trace or snapshot")
     dr.add_argument("trace", help="RMM log CSV, PyTorch snapshot pickle, or profiler JSON")
     dr.add_argument("--capacity", help="device capacity for the replays (default: an H100's)")
+    dr.add_argument("--gpu", type=int, metavar="N", help="diagnose device N of a snapshot only "
+                    "(default: every device, the one with a recorded OOM first)")
     tp = sub.add_parser("top", help="a live view of a process's pools (it calls gpumm.publish(FILE))")
     tp.add_argument("file", help="the metrics file the process publishes")
     tp.add_argument("--once", action="store_true", help="print one view and exit")

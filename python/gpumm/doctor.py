@@ -1,6 +1,8 @@
 """Out-of-memory diagnosis: the checklist someone who knows the driver would go through, made
 automatic. ``pool.diagnose(size)`` for a live pool (every ``OutOfMemoryError`` from a pool
-carries it), ``diagnose_file(path)`` / ``gpumm doctor FILE`` for a trace or a snapshot.
+carries it), ``diagnose_file(path)`` / ``gpumm doctor FILE`` for a trace or a snapshot: one
+diagnosis per device of a snapshot, the device that recorded an out-of-memory failure first
+(``gpu=N`` / ``--gpu N`` for one).
 
 The answer is a short list, most useful first, each line with the numbers behind it: what would
 make the request fit (memory cached elsewhere, defragmentation, a smaller page size), how the
@@ -15,7 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from gpumm.units import format_size as fs
 
-__all__ = ["Finding", "Diagnosis", "diagnose_pool", "diagnose_file"]
+__all__ = ["Finding", "Diagnosis", "diagnose_pool", "diagnose_file", "diagnose_trace"]
 
 
 @dataclass
@@ -30,8 +32,12 @@ class Finding:
 
 @dataclass
 class Diagnosis:
+    """Findings, remedies first (largest first), then facts; ``numbers`` the figures behind
+    them; ``device`` the CUDA device index a file's diagnosis is of."""
+
     findings: List[Finding] = field(default_factory=list)
     numbers: Dict[str, Any] = field(default_factory=dict)
+    device: int = 0
 
     def lines(self) -> List[str]:
         return [f.text for f in self.findings]
@@ -131,34 +137,55 @@ def diagnose_pool(pool: Any, size: Optional[int] = None) -> Diagnosis:
     return d.rank()
 
 
-def diagnose_file(path: str, capacity: Optional[str] = None) -> Diagnosis:
-    """The diagnosis of a trace or snapshot: the real allocator's state (snapshots), its
-    failures, and what gpumm and the caching allocator would need for the same work."""
-    from gpumm.replay import replay
-    from gpumm.traces import read_trace
+def diagnose_file(path: str, capacity: Optional[str] = None,
+                  gpu: Optional[int] = None) -> List[Diagnosis]:
+    """The diagnosis of a trace or snapshot, one per device (the device that recorded an
+    out-of-memory failure first; only device ``gpu`` if given): the real allocator's state
+    (snapshots), its failures, and what gpumm and the caching allocator would need for the
+    same work. A model that fails in the core is named in the findings, not raised."""
+    from gpumm.replay import read_devices
 
-    t = read_trace(path)
-    d = Diagnosis(numbers={"format": t.format})
+    return [diagnose_trace(t, capacity) for t in read_devices(path, gpu)]
+
+
+def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
+    """The diagnosis of one device's :class:`~gpumm.traces.Trace` (see :func:`diagnose_file`)."""
+    from gpumm.replay import replay
+    from gpumm.report import recorded_oom_text
+
+    d = Diagnosis(numbers={"format": t.format}, device=t.device)
     add = d.findings.append
     if t.format == "snapshot":
         _snapshot_state(t, d)
-    fails = [e for e in t.events if e.action in ("oom", "alloc_failed")]
+    fails = t.recorded_ooms()
     if fails:
-        add(Finding("fact", f"the trace records {len(fails)} allocation failure(s); the first asked "
-                    f"for {fs(fails[0].size)}", fails[0].size))
+        first = recorded_oom_text(fails[0], len(t.events),
+                                  t.device if t.format == "snapshot" else None,
+                                  t.events[0].time_us)
+        add(Finding("fact", f"{first} ({len(fails)} allocation failure(s) recorded in all)",
+                    fails[0]["size"]))
     rep = replay(t, ["gpumm", "caching", "driver"], capacity=capacity)
+    for name, r in rep.results.items():
+        if r.error:
+            add(Finding("fact", f"the {name} model failed on this trace, so the figures below "
+                        f"leave it out: {r.error}"))
     g, c, drv = (rep.results[k] for k in ("gpumm", "caching", "driver"))
     rec = rep.recorded_peak_reserved
-    if rec and rec - g.peak_reserved > max(64 << 20, rec // 100):
+    if g.raw and rec and rec - g.peak_reserved > max(64 << 20, rec // 100):
         add(Finding("remedy", f"gpumm would have peaked at {fs(g.peak_reserved)} where the recorded "
                     f"allocator held {fs(rec)}: {fs(rec - g.peak_reserved)} less", rec - g.peak_reserved))
-    if c.peak_reserved - g.peak_reserved > max(64 << 20, c.peak_reserved // 100):
-        add(Finding("remedy", f"replayed: PyTorch's caching allocator needs {fs(c.min_capacity or 0)} "
-                    f"of device, gpumm {fs(g.min_capacity or 0)} (peak reserved {fs(c.peak_reserved)} "
+    if g.raw and c.raw and c.peak_reserved - g.peak_reserved > max(64 << 20, c.peak_reserved // 100):
+        add(Finding("remedy", f"replayed: PyTorch's caching allocator needs {_fs(c.min_capacity)} "
+                    f"of device, gpumm {_fs(g.min_capacity)} (peak reserved {fs(c.peak_reserved)} "
                     f"vs {fs(g.peak_reserved)})", c.peak_reserved - g.peak_reserved))
     add(Finding("fact", f"peak live {fs(rep.peak_live)}; no allocator can need less than "
                 f"{fs(drv.min_capacity or rep.peak_live)} of device for this trace"))
     return d.rank()
+
+
+def _fs(n: Optional[int]) -> str:
+    """A size, or "an unknown amount" where a search gave none."""
+    return "an unknown amount" if n is None else fs(n)
 
 
 def _snapshot_state(t: Any, d: Diagnosis) -> None:

@@ -10,21 +10,29 @@ The engine is in Rust (``rust/replay``); the allocators and the rules each model
 listed in ``docs/replay.md``. Events name allocations by id: frees of pointers the trace never
 allocated (and that the start state does not hold) are dropped, as are failures the real
 allocator recorded.
+
+A snapshot holds one history per device: :func:`read_devices` reads every device of a file
+(the device that recorded an out-of-memory failure first) or the one asked for, and
+:func:`replay_file` replays each, one :class:`Report` per device.
+An error of the core for one allocator (a :class:`~gpumm.errors.GpummError`) is recorded in
+that allocator's :attr:`AllocatorResult.error` and the replay goes on with the others.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from gpumm import _core
 from gpumm.arch import get_device
-from gpumm.errors import InvalidArgumentError
+from gpumm.errors import GpummError, InvalidArgumentError
 from gpumm.traces.base import Trace
 from gpumm.units import MiB, SizeLike, parse_size
 
-__all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "replay"]
+__all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "replay",
+           "read_devices", "replay_file", "devices_json"]
 
 #: Every allocator model, in report order.
 ALLOCATORS: Tuple[str, ...] = tuple(_core.ALLOCATORS)
@@ -122,6 +130,9 @@ class AllocatorResult:
     address_match: Optional[float] = None
     #: held but free at the peak of live memory (what `fragmentation_at_peak` is a share of)
     free_at_peak: int = 0
+    #: the core's error for this allocator (the replay or the smallest-capacity search),
+    #: else None; a failed replay leaves the measures at zero and ``min_capacity`` None
+    error: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -145,13 +156,26 @@ class Report:
     recorded_peak_reserved: Optional[int]
     results: Dict[str, AllocatorResult]
     seconds: float
+    #: the CUDA device index of the trace (snapshots hold one history per device)
+    device: int = 0
+    #: the out-of-memory failures the real allocator recorded on this device
+    #: (:meth:`Trace.recorded_ooms`: ``index``, ``size``, ``time_us``, ``frames``, and
+    #: ``device_free`` where the snapshot has it)
+    recorded_ooms: List[Dict[str, Any]] = field(default_factory=list)
+    #: the time of the trace's first event, in µs (for times relative to it)
+    start_us: int = 0
 
     def to_json(self) -> Dict[str, Any]:
-        """Plain data: per allocator the keys ``peak_live``, ``peak_reserved``, ``ooms``
-        (a count), ``min_capacity`` (bytes, or null), ``ratio``, ``free_at_peak`` (bytes held
-        but free at the peak of live memory), ``fragmentation_at_peak`` (of that free memory),
-        ``events_per_second``, ``op_ns_mean`` (an allocation's mean time, sampled), and
-        ``address_match`` for the caching model on a snapshot."""
+        """Plain data: ``trace``, ``format``, ``device``, ``events``, ``allocations``,
+        ``peak_live``, ``capacity``, ``has_history``, ``recorded_peak_reserved``,
+        ``recorded_ooms`` (each ``index`` into the events, ``size``, ``time_us``,
+        ``device_free`` or null) and ``allocators``: per allocator the keys ``peak_live``,
+        ``peak_reserved``, ``ooms`` (a count), ``min_capacity`` (bytes, or null), ``ratio``,
+        ``free_at_peak`` (bytes held but free at the peak of live memory),
+        ``fragmentation_at_peak`` (of that free memory), ``events_per_second``, ``op_ns_mean``
+        (an allocation's mean time, sampled), ``first_oom``, ``error`` (the core's message
+        when this allocator failed, else null), and ``address_match`` for the caching model
+        on a snapshot. Several devices: :func:`devices_json`."""
         out: Dict[str, Any] = {
             "trace": self.source,
             "format": self.format,
@@ -161,6 +185,10 @@ class Report:
             "capacity": self.capacity,
             "has_history": self.has_history,
             "recorded_peak_reserved": self.recorded_peak_reserved,
+            "device": self.device,
+            "recorded_ooms": [{"index": o["index"], "size": o["size"], "time_us": o["time_us"],
+                               "device_free": o.get("device_free")}
+                              for o in self.recorded_ooms],
             "allocators": {},
         }
         for name, r in self.results.items():
@@ -175,10 +203,13 @@ class Report:
                 "events_per_second": round(r.events_per_second),
                 "op_ns_mean": round(r.op_ns_mean, 1),
                 "first_oom": r.ooms[0] if r.ooms else None,
+                "error": r.error,
             }
+            if not r.raw:  # the replay itself failed: no measure to give
+                entry.update({k: None for k in entry if k not in ("peak_live", "error")})
             if r.address_match is not None:
                 entry["address_match"] = round(r.address_match, 6)
-            if self.recorded_peak_reserved:
+            if self.recorded_peak_reserved and r.raw:
                 entry["reserved_vs_recorded"] = round(
                     r.peak_reserved / self.recorded_peak_reserved - 1, 6
                 )
@@ -233,8 +264,18 @@ def replay(
     for name in names:
         if progress:
             progress(name)
-        raw = _core.replay(name, cap, *arrays, p.start, peak_event=max(p.peak_event, 0),
-                           options=opts)
+        try:
+            raw = _core.replay(name, cap, *arrays, p.start, peak_event=max(p.peak_event, 0),
+                               options=opts)
+        except GpummError as e:
+            results[name] = AllocatorResult(
+                allocator=name, capacity=cap, peak_live=p.peak_live, peak_reserved=0,
+                final_reserved=0, ooms=[], fragmentation_at_peak=0.0, events_per_second=0.0,
+                op_ns_mean=0.0, timeline=[], error=f"replay failed: {e}")
+            continue
+        for o in raw["ooms"]:  # the engine counts its own events; say which of the trace's
+            if 0 <= o["event"] < len(p.source_index):
+                o["trace_event"] = p.source_index[o["event"]]
         r = AllocatorResult(
             allocator=name,
             capacity=cap,
@@ -252,9 +293,12 @@ def replay(
         if name.startswith("caching") and raw["addressed_allocs"]:
             r.address_match = raw["address_matches"] / raw["addressed_allocs"]
         if min_capacity:
-            r.min_capacity = _core.replay_min_capacity(
-                name, *arrays, p.start, peak_live=p.peak_live, hi=cap, step=unit, options=opts
-            )
+            try:
+                r.min_capacity = _core.replay_min_capacity(
+                    name, *arrays, p.start, peak_live=p.peak_live, hi=cap, step=unit,
+                    options=opts)
+            except GpummError as e:
+                r.error = f"smallest-capacity search failed: {e}"
         results[name] = r
     return Report(
         source=trace.source,
@@ -267,4 +311,51 @@ def replay(
         recorded_peak_reserved=trace.recorded_peak_reserved(),
         results=results,
         seconds=time.perf_counter() - t0,
+        device=trace.device,
+        recorded_ooms=trace.recorded_ooms(),
+        start_us=trace.events[0].time_us if trace.events else 0,
     )
+
+
+def read_devices(path: Union[str, "os.PathLike[str]"], gpu: Optional[int] = None) -> List[Trace]:
+    """The traces of ``path`` to replay: every device (the device that recorded an
+    out-of-memory failure first, then by index; one for an RMM log or a profiler trace), or
+    only device ``gpu``. A device the file does not hold is an
+    :class:`~gpumm.errors.InvalidArgumentError` that lists the ones it holds."""
+    from gpumm.traces import read_traces
+
+    if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool)):
+        raise InvalidArgumentError(f"gpu must be a device index (an int), not {gpu!r}")
+    traces = read_traces(path)
+    if gpu is None:
+        return traces
+    chosen = [t for t in traces if t.device == gpu]
+    if not chosen:
+        held = ", ".join(str(d) for d in sorted(t.device for t in traces))
+        raise InvalidArgumentError(
+            f"{os.fspath(path)}: no device {gpu} in this trace; it holds "
+            f"{'device' if len(traces) == 1 else 'devices'} {held}")
+    return chosen
+
+
+def replay_file(
+    path: Union[str, "os.PathLike[str]"],
+    allocators: Sequence[str] = ALLOCATORS,
+    gpu: Optional[int] = None,
+    **options: Any,
+) -> List[Report]:
+    """:func:`replay` of each device of ``path`` (see :func:`read_devices`), one
+    :class:`Report` per device in that order; ``options`` are :func:`replay`'s."""
+    return [replay(t, allocators, **options) for t in read_devices(path, gpu)]
+
+
+def devices_json(reports: Sequence[Report]) -> Dict[str, Any]:
+    """The JSON of several devices' reports (``gpumm replay --json``): the first report's
+    :meth:`Report.to_json` keys at the top level, as for a single device, and ``devices``, a
+    list with each report's :meth:`Report.to_json` (its ``device`` key says which)."""
+    if not reports:
+        raise InvalidArgumentError("no report to write")
+    entries = [r.to_json() for r in reports]
+    out = dict(entries[0])
+    out["devices"] = entries
+    return out

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import html
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from gpumm.errors import InvalidArgumentError
 from gpumm.replay import AllocatorResult, Report
 from gpumm.units import format_size
 
-__all__ = ["table", "explain_ooms", "html_report"]
+__all__ = ["table", "explain_ooms", "recorded_oom_text", "recorded_oom_lines", "html_report"]
 
 COLORS = {
     "gpumm": "#1b9e77",
@@ -56,12 +57,13 @@ def table(report: Report) -> Group:
     against it and the caching model's address match. (Two tables, so each fits 80 columns.)"""
     # the trace's file name (a long path left the line no room and rich cut its words)
     title = (f"{os.path.basename(report.source)}: {report.allocations} allocations, peak live "
-             f"{format_size(report.peak_live)}, device {format_size(report.capacity)}")
+             f"{format_size(report.peak_live)}, capacity {format_size(report.capacity)}")
     # sizes to three figures (the ratio has the precision) so the table fits 80 columns
     rows = [[name, _short(r.peak_reserved), f"{r.ratio:.4f}", str(len(r.ooms)),
              "–" if r.min_capacity is None else _short(r.min_capacity), _short(r.free_at_peak),
              f"{r.fragmentation_at_peak:.0%}",
-             f"{r.events_per_second / 1e6:.1f} M"] for name, r in report.results.items()]
+             f"{r.events_per_second / 1e6:.1f} M"] if r.raw else [name, "error"] + ["–"] * 6
+            for name, r in report.results.items()]
     parts: List[Any] = [
         _rich_table(title, ["allocator", "reserved", "÷ live", "OOMs", "min cap.", "free",
                             "frag.", "ev/s"], rows),
@@ -69,7 +71,7 @@ def table(report: Report) -> Group:
     ]
     rec = report.recorded_peak_reserved
     if rec:
-        rows = [[name, f"{r.peak_reserved / rec - 1:+.2%}",
+        rows = [[name, f"{r.peak_reserved / rec - 1:+.2%}" if r.raw else "error",
                  "–" if r.address_match is None else f"{r.address_match:.2%}"]
                 for name, r in report.results.items()]
         parts.append(_rich_table(
@@ -97,12 +99,38 @@ def explain_ooms(r: AllocatorResult, limit: int = 3) -> List[str]:
                f"{format_size(cached)} is held but free, in pieces of at most "
                f"{format_size(o['largest_free'])}: fragmentation")
         out.append(
-            f"event {o['event']}: {format_size(o['size'])} requested; live "
+            f"event {o.get('trace_event', o['event'])}: {format_size(o['size'])} requested; live "
             f"{format_size(o['live'])}, reserved {format_size(o['reserved'])}, cached free "
             f"{format_size(cached)}, largest free run {format_size(o['largest_free'])} — {why}"
         )
     if len(r.ooms) > limit:
         out.append(f"... and {len(r.ooms) - limit} more")
+    return out
+
+
+def recorded_oom_text(oom: Dict[str, Any], events: int, device: Optional[int] = None,
+                      start_us: int = 0) -> str:
+    """One out-of-memory failure the real allocator recorded (an entry of
+    :meth:`Trace.recorded_ooms`), in words: the request, what the device had free when the
+    snapshot says, where in the trace (the event index, 0-based, and the time since the
+    trace's first event)."""
+    where = "" if device is None else f" on device {device}"
+    free = oom.get("device_free")
+    free_text = ("free on the device not recorded" if not isinstance(free, int) else
+                 f"{format_size(free)} free on the device (per the snapshot)")
+    at = max(0, oom.get("time_us", start_us) - start_us) / 1e6
+    return (f"the job's allocator ran out of memory{where}: {format_size(oom['size'])} "
+            f"requested, {free_text}; at event {oom['index']} of {events}, {at:.3f} s into "
+            f"the trace")
+
+
+def recorded_oom_lines(report: Report, limit: int = 3) -> List[str]:
+    """:func:`recorded_oom_text` of the report's first recorded failures, then how many more."""
+    device = report.device if report.format == "snapshot" else None
+    out = [recorded_oom_text(o, report.events, device, report.start_us)
+           for o in report.recorded_ooms[:limit]]
+    if len(report.recorded_ooms) > limit:
+        out.append(f"... and {len(report.recorded_ooms) - limit} more")
     return out
 
 
@@ -126,7 +154,7 @@ def _timeline_svg(report: Report, w: int = 960, h: int = 340) -> str:
                      f'text-anchor="end">{html.escape(format_size(int(top * k / 4)))}</text>')
     parts.append(f'<text x="{w / 2:.0f}" y="{h - 6}" font-size="11" text-anchor="middle">'
                  f'event</text>')
-    first = next(iter(report.results.values()), None)
+    first = next((r for r in report.results.values() if r.raw), None)
     if first is not None:
         live = [(e, lv) for e, lv, _ in first.timeline]
         parts.append(f'<polyline fill="none" stroke="#222" stroke-width="2" '
@@ -182,14 +210,21 @@ def _map_svg(layout: Sequence[Tuple[int, int, bool]], w: int = 960, h: int = 26)
     return "".join(parts)
 
 
-def html_report(report: Report) -> str:
-    """One self-contained page: summary table, memory timeline, chunk maps, OOMs."""
+def _device_section(report: Report, heading: bool) -> str:
+    """One device's part of the page: its summary, recorded failures, the tables, the
+    timeline, the chunk maps and the replays' out-of-memory failures."""
     esc = html.escape
+    lv = 3 if heading else 2  # the level of the section's own headings
     rec = report.recorded_peak_reserved
     rows, against = [], []
     for name, r in report.results.items():
         swatch = (f'<td><span class="sw" style="background:{COLORS.get(name, "#888")}"></span>'
                   f'{esc(name)}</td>')
+        if not r.raw:  # the replay failed: its error is listed below the table
+            rows.append(f"<tr>{swatch}<td>error</td>" + "<td>–</td>" * 6 + "</tr>")
+            if rec:
+                against.append(f"<tr>{swatch}<td>error</td><td>–</td></tr>")
+            continue
         cells = [swatch, f"<td>{esc(format_size(r.peak_reserved))}</td>",
                  f"<td>{r.ratio:.4f}</td>", f"<td>{len(r.ooms)}</td>",
                  f"<td>{esc(_gib(r.min_capacity))}</td>",
@@ -205,27 +240,72 @@ def html_report(report: Report) -> str:
             "free at peak", "fragmentation", "events/s"]
     # (a table of its own, as in the terminal: ten columns did not fit the page)
     against_table = "" if not rec else (
-        "<h2>Against PyTorch's own run</h2><table><tr><th>allocator</th><th>peak reserved vs "
+        f"<h{lv}>Against PyTorch's own run</h{lv}>"
+        "<table><tr><th>allocator</th><th>peak reserved vs "
         "PyTorch's recorded reserve</th><th>same address as PyTorch</th></tr>"
         + "".join(against) + "</table>")
+    errors = "".join(f"<li><b>{esc(name)}</b>: {esc(r.error)}</li>"
+                     for name, r in report.results.items() if r.error)
+    errors = f"<p class=note>Failed in the core:</p><ul>{errors}</ul>" if errors else ""
     maps = []
     for name, r in report.results.items():
         layout = r.raw.get("layout_at_peak") or []
         if layout:
-            maps.append(f"<h3>{esc(name)}</h3>{_map_svg(layout)}")
+            maps.append(f"<h{lv + 1}>{esc(name)}</h{lv + 1}>{_map_svg(layout)}")
     ooms = []
     for name, r in report.results.items():
         for line in explain_ooms(r):
             ooms.append(f"<li><b>{esc(name)}</b>: {esc(line)}</li>")
+    recorded_ooms = "".join(f"<p class=note>{esc(line)}</p>" for line in recorded_oom_lines(report))
     state = "" if report.has_history else (
         "<p class=note>This snapshot has state but no history: the replay is of its live "
         "blocks only (what each allocator needs to hold that state).</p>")
     recorded = (f"<p>PyTorch's caching allocator, recorded in the snapshot, held "
                 f"{esc(format_size(rec))} at its peak ({rec / report.peak_live:.4f} × peak "
-                f"live).</p>") if rec else ""
+                f"live).</p>") if rec and report.peak_live else ""
+    title = f"<h2>device {report.device}</h2>" if heading else ""
+    return f"""<section id="device-{report.device}">{title}
+<p>{esc(report.format)} trace: {report.events} events, {report.allocations} allocations, peak
+live {esc(format_size(report.peak_live))}; device capacity {esc(format_size(report.capacity))}.</p>
+{recorded_ooms}{recorded}{state}
+<table><tr>{"".join(f"<th>{esc(h)}</th>" for h in head)}</tr>
+{"".join(rows)}</table>
+<p class="small">Free at peak: memory the allocator holds but has not handed out, at the
+peak of live memory; fragmentation: the share of it outside its largest free range.</p>
+{errors}{against_table}
+<h{lv}>Memory over the trace</h{lv}>
+<p class="legend"><span>- - - live</span>{"".join(
+        f'<span><span class="sw" style="background:{COLORS.get(n, "#888")}"></span>{esc(n)} reserved</span>'
+        for n in report.results)}</p>
+{_timeline_svg(report)}
+<h{lv}>Chunk maps at the peak of live memory</h{lv}>
+<p>Each allocator's memory in address order: <span class="sw" style="background:#2c5d8f">
+</span>used, <span class="sw" style="background:#f2b36f"></span>free; a gap separates ranges
+that are not adjacent.</p>
+{"".join(maps) or "<p>No allocator gave a map.</p>"}
+<h{lv}>Out-of-memory failures in the replays</h{lv}>
+{"<ul>" + "".join(ooms) + "</ul>" if ooms else "<p>None.</p>"}
+</section>
+"""
+
+
+def html_report(reports: Union[Report, Sequence[Report]]) -> str:
+    """One self-contained page for a trace: per device (a section each, ``id="device-N"``,
+    in the order given; a snapshot's sections have a "device N" heading) its summary table,
+    memory timeline, chunk maps and OOMs."""
+    esc = html.escape
+    reps = [reports] if isinstance(reports, Report) else list(reports)
+    if not reps:
+        raise InvalidArgumentError("no report to write")
+    first = reps[0]
+    heading = first.format == "snapshot"
+    contents = "" if len(reps) < 2 else (
+        f"<p>{len(reps)} devices, the one with a recorded out-of-memory failure first: "
+        + ", ".join(f'<a href="#device-{r.device}">device {r.device}</a>' for r in reps)
+        + ".</p>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<title>gpumm replay: {esc(report.source)}</title>
+<title>gpumm replay: {esc(first.source)}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1000px; }}
 table {{ border-collapse: collapse; }} td, th {{ padding: 4px 10px; text-align: right; }}
@@ -233,28 +313,11 @@ th {{ border-bottom: 1px solid #999; }} td:first-child, th:first-child {{ text-a
 td {{ white-space: nowrap; }}
 .sw {{ display: inline-block; width: 12px; height: 12px; margin-right: 6px; }}
 .note {{ color: #a33; }} .legend span {{ margin-right: 1.5em; }} .small {{ font-size: 90%; }}
+section {{ margin-bottom: 2.5em; }}
 </style></head><body>
-<h1>Replay of {esc(report.source)}</h1>
-<p>{esc(report.format)} trace: {report.events} events, {report.allocations} allocations, peak
-live {esc(format_size(report.peak_live))}; device capacity {esc(format_size(report.capacity))}.</p>
-{recorded}{state}
-<table><tr>{"".join(f"<th>{esc(h)}</th>" for h in head)}</tr>
-{"".join(rows)}</table>
-<p class="small">Free at peak: memory the allocator holds but has not handed out, at the
-peak of live memory; fragmentation: the share of it outside its largest free range.</p>
-{against_table}
-<h2>Memory over the trace</h2>
-<p class="legend"><span>- - - live</span>{"".join(
-        f'<span><span class="sw" style="background:{COLORS.get(n, "#888")}"></span>{esc(n)} reserved</span>'
-        for n in report.results)}</p>
-{_timeline_svg(report)}
-<h2>Chunk maps at the peak of live memory</h2>
-<p>Each allocator's memory in address order: <span class="sw" style="background:#2c5d8f">
-</span>used, <span class="sw" style="background:#f2b36f"></span>free; a gap separates ranges
-that are not adjacent.</p>
-{"".join(maps) or "<p>No allocator gave a map.</p>"}
-<h2>Out-of-memory failures</h2>
-{"<ul>" + "".join(ooms) + "</ul>" if ooms else "<p>None.</p>"}
+<h1>Replay of {esc(first.source)}</h1>
+{contents}
+{"".join(_device_section(r, heading) for r in reps)}
 <p><small>gpumm replay; allocator models and their rules: docs/replay.md.</small></p>
 </body></html>
 """
