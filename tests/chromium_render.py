@@ -80,8 +80,11 @@ def main(page_path, shot_path):
 
     def measured(result):
         # the whole document in one shot: the view grows to its height, then is drawn
-        view.resize(WIDTH, max(int((result or {}).get("height", 900)), 300))
-        QTimer.singleShot(700, lambda: page.runJavaScript(PROBE, finish))
+        height = max(int((result or {}).get("height", 900)), 300)
+        view.resize(WIDTH, height)
+        # drawn offscreen with no GPU, a tall page takes longer: a 5,900 px one (three
+        # devices) was still blank below the first screen after 0.7 s, whole after 3 s
+        QTimer.singleShot(700 + height // 2, lambda: page.runJavaScript(PROBE, finish))
 
     def loaded(ok):
         out["loaded"] = ok

@@ -194,6 +194,7 @@ def test_doctor_cli(tmp_path, capsys):
     rows.append("1,00:00:01.000000,allocate failure,0x0,99999999,0x0")
     csv.write_text("\n".join(rows) + "\n")
     assert main(["doctor", str(csv)]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # as words: rich wraps at 80 columns
     assert "1 allocation failure" in out and "peak live 90 MiB" in out
+    assert "95.37 MiB requested" in out and "at event 30 of 31" in out
     assert main(["doctor", str(tmp_path / "missing")]) == 2

@@ -270,9 +270,12 @@ def _chromium():
 @pytest.mark.skipif(_chromium() is None,
                     reason="no headless Chromium: neither Debian's chromium package nor "
                            "PyQt6-WebEngine (pip install '.[test]') is installed")
-@pytest.mark.parametrize("trace", ["demo", pytest.param("forward_bf16.pickle", marks=needs_shared)])
+@pytest.mark.parametrize("trace", ["demo", pytest.param("forward_bf16.pickle", marks=needs_shared),
+                                   pytest.param("wild/code_location_qwen3_train.pickle",
+                                                marks=needs_shared)])
 def test_html_report_renders_in_chromium(tmp_path, trace):
-    # the demo (an RMM log) and a snapshot that recorded PyTorch's reserve (more tables)
+    # the demo (an RMM log), a snapshot that recorded PyTorch's reserve (more tables) and one
+    # of three devices (a section each)
     path = demo_trace_path() if trace == "demo" else str(TRACES / trace)
     out = tmp_path / "r.html"
     main(["replay", path, "--html", str(out), "--no-min-capacity"])

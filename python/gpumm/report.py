@@ -313,7 +313,7 @@ th {{ border-bottom: 1px solid #999; }} td:first-child, th:first-child {{ text-a
 td {{ white-space: nowrap; }}
 .sw {{ display: inline-block; width: 12px; height: 12px; margin-right: 6px; }}
 .note {{ color: #a33; }} .legend span {{ margin-right: 1.5em; }} .small {{ font-size: 90%; }}
-section {{ margin-bottom: 2.5em; }}
+section {{ margin-bottom: 2.5em; }} h1 {{ overflow-wrap: anywhere; }}
 </style></head><body>
 <h1>Replay of {esc(first.source)}</h1>
 {contents}
