@@ -87,7 +87,7 @@ def test_the_small_snapshot_reads_as_three_devices(three_gpus):
 def test_replay_reports_every_device_oom_first(three_gpus, capsys):
     rc, out, _ = _replay(capsys, three_gpus)
     assert rc == 0
-    at = [out.index(f"device {d}") for d in (1, 0, 2)]
+    at = [out.index(f"device {d} ─") for d in (1, 0, 2)]
     assert at == sorted(at), out
     # each device's table lies under its own heading
     assert out.count("allocator") >= 3 and out.count("ev/s") == 3
@@ -134,7 +134,7 @@ def test_gpu_picks_one_device(three_gpus, capsys):
     assert [d["device"] for d in data["devices"]] == [2] and data["device"] == 2
     assert data["allocations"] == 2
     rc, out, _ = _replay(capsys, three_gpus, "--gpu", "0")
-    assert rc == 0 and "device 0" in out and "device 1" not in out
+    assert rc == 0 and "device 0 ─" in out and "device 1 ─" not in out and "device 2 ─" not in out
 
 
 def test_a_device_the_file_does_not_have(three_gpus, tmp_path, capsys):
@@ -203,12 +203,12 @@ def test_python_api_per_device(three_gpus):
 def test_doctor_reports_every_device(three_gpus, capsys):
     assert main(["doctor", str(three_gpus), "--capacity", "1GiB"]) == 0
     out = capsys.readouterr().out
-    at = [out.index(f"device {d}") for d in (1, 0, 2)]
+    at = [out.index(f"device {d} ─") for d in (1, 0, 2)]
     assert at == sorted(at)
     assert at[0] < out.index("3 GiB requested") < at[1]
     assert main(["doctor", str(three_gpus), "--capacity", "1GiB", "--gpu", "2"]) == 0
     out = capsys.readouterr().out
-    assert "device 2" in out and "device 1" not in out
+    assert "device 2 ─" in out and "device 1 ─" not in out
 
 
 def test_demo_is_one_device_with_no_heading(capsys):
@@ -227,7 +227,7 @@ def test_the_real_three_gpu_job(capsys):
     assert all(not r.recorded_ooms for r in reports[1:])
     assert main(["replay", str(QWEN3), "--allocator", "caching", "--no-min-capacity"]) == 0
     out = capsys.readouterr().out
-    at = [out.index(f"device {d}") for d in (1, 0, 2)]
+    at = [out.index(f"device {d} ─") for d in (1, 0, 2)]
     assert at == sorted(at)
     assert at[0] < out.index("4.94 GiB requested") < at[1]
     assert main(["replay", str(QWEN3), "--allocator", "caching", "--no-min-capacity",

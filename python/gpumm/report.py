@@ -57,7 +57,7 @@ def table(report: Report) -> Group:
     against it and the caching model's address match. (Two tables, so each fits 80 columns.)"""
     # the trace's file name (a long path left the line no room and rich cut its words)
     title = (f"{os.path.basename(report.source)}: {report.allocations} allocations, peak live "
-             f"{format_size(report.peak_live)}, capacity {format_size(report.capacity)}")
+             f"{format_size(report.peak_live)}, device {format_size(report.capacity)}")
     # sizes to three figures (the ratio has the precision) so the table fits 80 columns
     rows = [[name, _short(r.peak_reserved), f"{r.ratio:.4f}", str(len(r.ooms)),
              "–" if r.min_capacity is None else _short(r.min_capacity), _short(r.free_at_peak),
