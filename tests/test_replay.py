@@ -147,9 +147,9 @@ def test_a_model_failing_in_the_core_is_reported_and_the_others_go_on(tmp_path, 
     assert list(report.results) == list(ALLOCATORS)
     c, cupy = report.results["caching"], report.results["cupy"]
     assert "replay failed" in c.error and "event 7" in c.error
-    assert c.peak_reserved == 0 and c.min_capacity is None and not c.timeline
+    assert not c.ran and c.peak_reserved == 0 and c.min_capacity is None and not c.timeline
     # the replay of cupy ran; its smallest-capacity search failed
-    assert cupy.peak_reserved > 0 and cupy.min_capacity is None
+    assert cupy.ran and cupy.peak_reserved > 0 and cupy.min_capacity is None
     assert "smallest-capacity search failed" in cupy.error
     for name in set(ALLOCATORS) - {"caching", "cupy"}:
         r = report.results[name]

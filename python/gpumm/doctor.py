@@ -171,10 +171,10 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
                         f"leave it out: {r.error}"))
     g, c, drv = (rep.results[k] for k in ("gpumm", "caching", "driver"))
     rec = rep.recorded_peak_reserved
-    if g.raw and rec and rec - g.peak_reserved > max(64 << 20, rec // 100):
+    if g.ran and rec and rec - g.peak_reserved > max(64 << 20, rec // 100):
         add(Finding("remedy", f"gpumm would have peaked at {fs(g.peak_reserved)} where the recorded "
                     f"allocator held {fs(rec)}: {fs(rec - g.peak_reserved)} less", rec - g.peak_reserved))
-    if g.raw and c.raw and c.peak_reserved - g.peak_reserved > max(64 << 20, c.peak_reserved // 100):
+    if g.ran and c.ran and c.peak_reserved - g.peak_reserved > max(64 << 20, c.peak_reserved // 100):
         add(Finding("remedy", f"replayed: PyTorch's caching allocator needs {_fs(c.min_capacity)} "
                     f"of device, gpumm {_fs(g.min_capacity)} (peak reserved {fs(c.peak_reserved)} "
                     f"vs {fs(g.peak_reserved)})", c.peak_reserved - g.peak_reserved))

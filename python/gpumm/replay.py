@@ -136,6 +136,11 @@ class AllocatorResult:
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
+    def ran(self) -> bool:
+        """Whether the replay itself ran (False: it failed in the core, ``error`` says how)."""
+        return bool(self.raw)
+
+    @property
     def ratio(self) -> float:
         """Peak reserved ÷ peak live."""
         return self.peak_reserved / self.peak_live if self.peak_live else 1.0
@@ -205,11 +210,11 @@ class Report:
                 "first_oom": r.ooms[0] if r.ooms else None,
                 "error": r.error,
             }
-            if not r.raw:  # the replay itself failed: no measure to give
+            if not r.ran:  # the replay itself failed: no measure to give
                 entry.update({k: None for k in entry if k not in ("peak_live", "error")})
             if r.address_match is not None:
                 entry["address_match"] = round(r.address_match, 6)
-            if self.recorded_peak_reserved and r.raw:
+            if self.recorded_peak_reserved and r.ran:
                 entry["reserved_vs_recorded"] = round(
                     r.peak_reserved / self.recorded_peak_reserved - 1, 6
                 )

@@ -62,7 +62,7 @@ def table(report: Report) -> Group:
     rows = [[name, _short(r.peak_reserved), f"{r.ratio:.4f}", str(len(r.ooms)),
              "–" if r.min_capacity is None else _short(r.min_capacity), _short(r.free_at_peak),
              f"{r.fragmentation_at_peak:.0%}",
-             f"{r.events_per_second / 1e6:.1f} M"] if r.raw else [name, "error"] + ["–"] * 6
+             f"{r.events_per_second / 1e6:.1f} M"] if r.ran else [name, "error"] + ["–"] * 6
             for name, r in report.results.items()]
     parts: List[Any] = [
         _rich_table(title, ["allocator", "reserved", "÷ live", "OOMs", "min cap.", "free",
@@ -71,7 +71,7 @@ def table(report: Report) -> Group:
     ]
     rec = report.recorded_peak_reserved
     if rec:
-        rows = [[name, f"{r.peak_reserved / rec - 1:+.2%}" if r.raw else "error",
+        rows = [[name, f"{r.peak_reserved / rec - 1:+.2%}" if r.ran else "error",
                  "–" if r.address_match is None else f"{r.address_match:.2%}"]
                 for name, r in report.results.items()]
         parts.append(_rich_table(
@@ -154,7 +154,7 @@ def _timeline_svg(report: Report, w: int = 960, h: int = 340) -> str:
                      f'text-anchor="end">{html.escape(format_size(int(top * k / 4)))}</text>')
     parts.append(f'<text x="{w / 2:.0f}" y="{h - 6}" font-size="11" text-anchor="middle">'
                  f'event</text>')
-    first = next((r for r in report.results.values() if r.raw), None)
+    first = next((r for r in report.results.values() if r.ran), None)
     if first is not None:
         live = [(e, lv) for e, lv, _ in first.timeline]
         parts.append(f'<polyline fill="none" stroke="#222" stroke-width="2" '
@@ -220,7 +220,7 @@ def _device_section(report: Report, heading: bool) -> str:
     for name, r in report.results.items():
         swatch = (f'<td><span class="sw" style="background:{COLORS.get(name, "#888")}"></span>'
                   f'{esc(name)}</td>')
-        if not r.raw:  # the replay failed: its error is listed below the table
+        if not r.ran:  # the replay failed: its error is listed below the table
             rows.append(f"<tr>{swatch}<td>error</td>" + "<td>–</td>" * 6 + "</tr>")
             if rec:
                 against.append(f"<tr>{swatch}<td>error</td><td>–</td></tr>")
