@@ -1387,10 +1387,26 @@ unsafe extern "C" fn dlpack_deleter(t: *mut DLManagedTensor) {
     // SAFETY: `t` and its ctx were made by Box::into_raw in __dlpack__ and are freed once.
     let managed = unsafe { Box::from_raw(t) };
     let ctx = unsafe { Box::from_raw(managed.manager_ctx as *mut DlpackCtx) };
-    Python::attach(|_py| {
-        ctx.owner.get().unpin();
-        drop(ctx);
-    });
+    let owner = ctx.owner;
+    // The unpin and the reference's drop need the GIL (a quick call works on the core with
+    // the GIL alone). A consumer may call this from any thread, and the interpreter may be
+    // ending (a capsule or a numpy array in a module's globals is dropped then, with the GIL
+    // held but the interpreter marked uninitialized: `Python::attach` panics there). Where
+    // the GIL cannot be had, the allocation stays pinned and referenced: its memory stays
+    // valid until the process ends.
+    let mut owner = Some(owner);
+    let release = |py: Python<'_>, o: Py<PyAllocation>| {
+        o.get().unpin();
+        o.drop_ref(py);
+    };
+    // SAFETY: PyGILState_Check may be called at any time, from any thread.
+    if unsafe { ffi::PyGILState_Check() } == 1 {
+        // SAFETY: this thread holds the GIL.
+        let py = unsafe { Python::assume_attached() };
+        release(py, owner.take().expect("once"));
+    } else if Python::try_attach(|py| release(py, owner.take().expect("once"))).is_none() {
+        std::mem::forget(owner.take());
+    }
 }
 
 unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
