@@ -186,3 +186,41 @@ def test_batch_members_keep_their_bytes_through_every_free(host_pool):
     host_pool.free_batch(ptrs[[0, 2, 3, 4]])
     assert host_pool.stats()["live_allocs"] == 0
     host_pool.validate()
+
+
+EXIT_WITH_LIVE_VIEWS = r"""
+import ctypes
+import gc
+import numpy as np
+import gpumm
+
+pool = gpumm.MemoryPool(gpumm.Device("h100", vidmem="64MiB", backend="host")).tracking()
+a, b, c, d = (pool.alloc("1MiB", tag=t) for t in "abcd")
+view = np.asarray(a)                  # buffer protocol
+view[:] = 7
+ctypes.memset(b.ptr, 9, b.size)
+tensor = np.from_dlpack(b)            # a consumed DLPack capsule (read-only in numpy)
+capsule = c.__dlpack__()              # a capsule nobody consumed
+raw = memoryview(d)
+ptr = a.ptr
+del pool, a, b, c, d                  # the views alone keep the memory
+gc.collect()
+assert int(view.sum()) == 7 * len(view) and int(tensor.sum()) == 9 * len(tensor)
+print("views", int(view[-1]), int(tensor[-1]))
+"""
+
+
+def test_exit_with_live_views_is_quiet(tmp_path):
+    """An interpreter that ends while numpy views, DLPack tensors and capsules of host memory
+    are alive (in module globals) exits 0 with nothing on stderr; the memory stays readable
+    until then, the pool and the allocations themselves dropped."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "live_views.py"
+    script.write_text(EXIT_WITH_LIVE_VIEWS)
+    r = subprocess.run([sys.executable, "-X", "dev", str(script)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "views 7 9\n"
+    assert r.stderr == ""

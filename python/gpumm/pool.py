@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 from gpumm import _core
 from gpumm._core import Allocation
 from gpumm.arch import Arch, DeviceSpec, arch_for_compute_capability, arch_of, get_device
-from gpumm.doctor import Diagnosis, Finding, diagnose_pool
+from gpumm.diagnosis import Diagnosis, Finding, diagnose_pool
 from gpumm.errors import InvalidArgumentError, InvalidStateError, OutOfMemoryError
 from gpumm.observe import LeakError, LeakGroup, Tracker, counter_delta, iter_stack, register
 from gpumm.pmm import Pmm

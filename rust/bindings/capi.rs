@@ -10,7 +10,8 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 
-use super::pool::{Core, PyPool};
+use super::gil::Core;
+use super::pool::PyPool;
 use crate::alloc::Request;
 
 static C_POOL: RwLock<Option<Arc<Core>>> = RwLock::new(None);

@@ -4,7 +4,7 @@
 //! is kept for reuse (as CPython does for its own small objects). PyO3's `freelist` option
 //! guards its list with a `std::sync::Mutex` on every build, the GIL's included: two atomic
 //! read-modify-writes for each object made and two for each dropped, which cost more than
-//! the list saves (PyO3/pyo3#6133; benches/RESULTS.md, "Twelfth session"). With a GIL, the
+//! the list saves (PyO3/pyo3#6133; benches/RESULTS.md, the alloc + free pair). With a GIL, the
 //! interpreter only ever makes or frees an object with the GIL held, so here the GIL alone
 //! guards each class's list, and the class's `tp_alloc` and `tp_free` are set to the
 //! functions below once it is made. They do what PyO3's free list does (`PyObject_Init` on

@@ -6,6 +6,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::gil::{self, Access};
 use super::{size_arg, to_pyerr, IntoPy};
 use crate::error::Error;
 use crate::uvm::{self, Advice, Costs, Kernel, Pattern, Processor, ReplayPolicy, Stats, UvmConfig};
@@ -47,13 +48,6 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 #[pyclass(module = "gpumm._core", name = "Uvm", frozen)]
 pub struct PyUvm {
     inner: Mutex<uvm::Uvm>,
-}
-
-impl PyUvm {
-    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut uvm::Uvm) -> T + Send) -> T {
-        let inner = &self.inner;
-        py.detach(|| f(&mut inner.lock()))
-    }
 }
 
 #[pymethods]
@@ -150,7 +144,7 @@ impl PyUvm {
     /// A managed range of `size` bytes; returns its id.
     fn alloc_managed(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<u32> {
         let size = size_arg(py, size, "size")?;
-        self.with(py, |u| u.alloc_managed(size)).py_err(py)
+        gil::run(py, &self.inner, Access::Detached, |u| u.alloc_managed(size)).py_err(py)
     }
 
     /// `advice`: "preferred_location" (with `processor`), "accessed_by" (with `processor`),
@@ -167,7 +161,7 @@ impl PyUvm {
                 "unknown advice {other:?}; expected preferred_location, accessed_by, read_mostly or zero_copy"
             )))),
         };
-        self.with(py, |u| u.advise(range, a)).py_err(py)
+        gil::run(py, &self.inner, Access::Detached, |u| u.advise(range, a)).py_err(py)
     }
 
     /// Moves a range to `processor` ahead of use (cudaMemPrefetchAsync).
@@ -179,7 +173,7 @@ impl PyUvm {
         processor: &str,
     ) -> PyResult<Bound<'py, PyDict>> {
         let p = self::processor(py, processor)?;
-        let s = self.with(py, |u| u.prefetch(range, p)).py_err(py)?;
+        let s = gil::run(py, &self.inner, Access::Detached, |u| u.prefetch(range, p)).py_err(py)?;
         stats_dict(py, &s)
     }
 
@@ -191,7 +185,10 @@ impl PyUvm {
         range: u32,
         fraction: f64,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.with(py, |u| u.stripe(range, fraction)).py_err(py)?;
+        let s = gil::run(py, &self.inner, Access::Detached, |u| {
+            u.stripe(range, fraction)
+        })
+        .py_err(py)?;
         stats_dict(py, &s)
     }
 
@@ -219,7 +216,7 @@ impl PyUvm {
             "random_warp" => Pattern::RandomWarp {
                 touches: match touches {
                     Some(t) => t,
-                    None => self.with(py, |u| u.range_pages(range)).py_err(py)?,
+                    None => gil::run(py, &self.inner, Access::Detached, |u| u.range_pages(range)).py_err(py)?,
                 },
             },
             "strided" => Pattern::Strided { stride },
@@ -236,27 +233,27 @@ impl PyUvm {
             pattern: pat,
             write,
         };
-        let s = self.with(py, |u| u.run_kernel(&k)).py_err(py)?;
+        let s = gil::run(py, &self.inner, Access::Detached, |u| u.run_kernel(&k)).py_err(py)?;
         stats_dict(py, &s)
     }
 
     /// Totals over everything run so far.
     fn total<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.with(py, |u| u.total.clone());
+        let s = gil::run(py, &self.inner, Access::Detached, |u| u.total.clone());
         stats_dict(py, &s)
     }
 
     fn vidmem_used(&self, py: Python<'_>) -> u64 {
-        self.with(py, |u| u.vidmem_used())
+        gil::run(py, &self.inner, Access::Detached, |u| u.vidmem_used())
     }
 
     /// (bytes resident on the GPU, bytes resident on the CPU)
     fn resident(&self, py: Python<'_>) -> (u64, u64) {
-        self.with(py, |u| u.resident())
+        gil::run(py, &self.inner, Access::Detached, |u| u.resident())
     }
 
     fn validate(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, |u| u.validate())
+        gil::run(py, &self.inner, Access::Detached, |u| u.validate())
             .map_err(|m| Error::InvalidState(format!("UVM model invariant broken: {m}")))
             .py_err(py)
     }

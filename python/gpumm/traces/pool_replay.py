@@ -1,6 +1,11 @@
-"""Replays an allocation trace through a gpumm pool on a simulated device: the measurement
-behind the pool's thresholds (docs/design.md). The replay issue builds the full engine, with
-models of other allocators; this is the small version for one pool.
+"""Replays an allocation trace through a real ``gpumm.MemoryPool`` on a simulated device, with
+the pool options a user gives and the pool's full ``stats()`` in the result: the measurement
+behind the pool's thresholds (docs/design.md). ``gpumm.replay`` runs the same events through
+the Rust engine's models (a ``gpumm`` model with the default pool among them).
+
+``min_capacity`` with the default pool is the engine's bisection
+(``_core.replay_min_capacity`` with the ``gpumm`` model: the same pool, the same answer);
+with pool options, which the engine's model does not take, it bisects over ``replay_pool``.
 
 Frees of pointers the trace never allocated (made before the log started) are skipped, as are
 ``alloc_failed`` events; frees are immediate, as RMM's log records them.
@@ -11,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict
 
+from gpumm import _core
 from gpumm.errors import OutOfMemoryError
-from gpumm.traces.rmm import Trace
+from gpumm.pool import Device, MemoryPool
+from gpumm.traces.base import Trace
 from gpumm.units import MiB, SizeLike, parse_size
 
 __all__ = ["PoolReplay", "replay_pool", "min_capacity"]
@@ -38,8 +45,6 @@ class PoolReplay:
 def replay_pool(trace: Trace, capacity: SizeLike = "80GiB", **pool_options: Any) -> PoolReplay:
     """Runs every event of ``trace`` through a new pool on a simulated device of
     ``capacity``; ``pool_options`` go to :class:`gpumm.MemoryPool`."""
-    from gpumm.pool import Device, MemoryPool
-
     dev = Device(vidmem=capacity)
     pool = MemoryPool(dev, **pool_options)
     live: Dict[int, Any] = {}
@@ -73,6 +78,18 @@ def min_capacity(trace: Trace, step: SizeLike = 2 * MiB, **pool_options: Any) ->
     unit = parse_size(step)
     peak = trace.peak_live()
     lo = max(1, -(-peak // unit))
+    if not pool_options:
+        from gpumm.replay import prepare  # (the engine's arrays; replay sits above traces)
+
+        e = prepare(trace)
+        hi = 2 * lo
+        while True:
+            got = _core.replay_min_capacity("gpumm", e.actions, e.ids, e.sizes, e.streams,
+                                            e.addrs, e.start, peak_live=peak, hi=hi * unit,
+                                            step=unit)
+            if got is not None:
+                return int(got)
+            hi *= 2
     hi = lo
     while replay_pool(trace, hi * unit, **pool_options).failures:
         hi = hi + max(1, (hi - lo + 1))  # gallop up
