@@ -112,7 +112,7 @@ fn capacity() -> impl Strategy<Value = u64> {
     prop_oneof![
         1 => 0u64..(4 * MIB),
         3 => (1u64..96).prop_map(|k| k * MIB),
-        1 => (1u64..(256 * MIB)),
+        1 => 1u64..(256 * MIB),
         1 => Just(1u64 << 34),
     ]
 }

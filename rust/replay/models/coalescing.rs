@@ -162,7 +162,7 @@ impl Coalescing {
             return Err("free set holds blocks that are not free".into());
         }
         for (id, a) in &self.by_id {
-            if !self.blocks.get(a).is_some_and(|b| !b.free) {
+            if self.blocks.get(a).is_none_or(|b| b.free) {
                 return Err(format!("id {id} names no used block"));
             }
         }

@@ -91,6 +91,11 @@ impl Blocks {
         }
     }
 
+    /// Inserts `size` bytes at `addr` as `b` is (a part of it).
+    pub fn insert_part(&mut self, addr: u64, b: &CBlock, size: u64) {
+        self.insert(addr, CBlock { size, ..*b });
+    }
+
     pub fn remove(&mut self, addr: u64) -> Option<CBlock> {
         let b = self.all.remove(&addr)?;
         self.unlist(addr, b);

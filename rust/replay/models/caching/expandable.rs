@@ -140,13 +140,7 @@ impl Caching {
         }
         self.b.remove(la);
         if a > la {
-            self.b.insert(
-                la,
-                CBlock {
-                    size: a - la,
-                    ..last
-                },
-            );
+            self.b.insert_part(la, &last, a - la);
         }
         if let Some(seg) = self.b.segments.get_mut(&sa) {
             seg.size = a - sa;
@@ -164,13 +158,7 @@ impl Caching {
         }
         self.b.remove(addr);
         if n < b.size {
-            self.b.insert(
-                addr + n,
-                CBlock {
-                    size: b.size - n,
-                    ..b
-                },
-            );
+            self.b.insert_part(addr + n, &b, b.size - n);
         }
         self.b.insert(
             addr,
@@ -211,22 +199,10 @@ impl Caching {
         }
         self.b.remove(addr);
         if begin > addr {
-            self.b.insert(
-                addr,
-                CBlock {
-                    size: begin - addr,
-                    ..b
-                },
-            );
+            self.b.insert_part(addr, &b, begin - addr);
         }
         if end > stop {
-            self.b.insert(
-                stop,
-                CBlock {
-                    size: end - stop,
-                    ..b
-                },
-            );
+            self.b.insert_part(stop, &b, end - stop);
         }
         self.b.insert(
             begin,
