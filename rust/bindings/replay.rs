@@ -267,3 +267,55 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ALLOCATORS", engine::MODEL_NAMES.to_vec())?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model with a bug: its third allocation panics.
+    struct Buggy(u32);
+
+    impl engine::Model for Buggy {
+        fn alloc(&mut self, _id: u32, _size: u64, _stream: u64) -> Option<u64> {
+            self.0 += 1;
+            assert!(self.0 < 3, "boom");
+            Some(u64::from(self.0) << 20)
+        }
+        fn free(&mut self, _id: u32) {}
+        fn reserved(&self) -> u64 {
+            0
+        }
+        fn largest_free(&self) -> u64 {
+            0
+        }
+        fn free_bytes(&self) -> u64 {
+            0
+        }
+        fn live_blocks(&self) -> Vec<(u64, u64)> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn a_panic_becomes_an_error_naming_the_model_and_the_event() {
+        let ev: Vec<Event> = (0..4)
+            .map(|id| Event {
+                action: Action::Alloc,
+                id,
+                size: 1,
+                stream: 0,
+                addr: 0,
+            })
+            .collect();
+        let mut m = Buggy(0);
+        let got = guarded("buggy", ev.len(), || {
+            engine::run(&mut m, 1 << 30, &StartState::default(), &ev, usize::MAX, 1)
+        });
+        let e = got.unwrap_err();
+        assert_eq!(e.kind(), "InvalidStateError");
+        assert_eq!(e.message(), "buggy: internal error at event 2 of 4: boom");
+        // and a replay that does not panic goes through
+        let ok = guarded("driver", 0, || 7);
+        assert_eq!(ok, Ok(7));
+    }
+}

@@ -239,6 +239,16 @@ impl Caching {
         self.release_unmapped_segments();
     }
 
+    /// The whole free pages of every expandable segment are unmapped, and a segment left
+    /// wholly unmapped goes (the expandable half of `release_blocks`).
+    pub(super) fn unmap_free_pages(&mut self) {
+        let free: Vec<u64> = self.b.free_blocks().map(|f| f.2).collect();
+        for a in free {
+            self.unmap_block(a, 0, u64::MAX);
+        }
+        self.release_unmapped_segments();
+    }
+
     /// `release_expandable_segment`: a segment that is one unmapped block goes.
     pub(super) fn release_unmapped_segments(&mut self) {
         let empty: Vec<u64> = self

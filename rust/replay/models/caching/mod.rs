@@ -265,14 +265,11 @@ impl Caching {
     fn release_cached(&mut self) {
         let free: Vec<u64> = self.b.free_blocks().map(|f| f.2).collect();
         for a in free {
-            let Some(b) = self.b.get(a) else { continue };
-            if self.is_expandable(&b) {
-                self.unmap_block(a, 0, u64::MAX);
-            } else if b.seg == a {
+            if self.b.get(a).is_some_and(|b| b.seg == a) {
                 self.release_if_whole(a);
             }
         }
-        self.release_unmapped_segments();
+        self.unmap_free_pages();
     }
 }
 
@@ -371,8 +368,17 @@ impl Model for Caching {
         self.hints.push_back((addr, size));
     }
 
+    /// A plain segment of the model at `addr` goes if wholly free. Where the model holds no
+    /// segment there (the expandable model on a trace recorded without expandable segments),
+    /// the release says the real allocator emptied its cache (`empty_cache` or an
+    /// out-of-memory retry): the model unmaps its expandable segments' free pages too.
     fn segment_released(&mut self, addr: u64, _size: u64) {
-        self.release_if_whole(addr);
+        if self.release_if_whole(addr) || self.b.segments.contains_key(&addr) {
+            return;
+        }
+        if self.opts.expandable_segments && !self.opts.recorded_expandable {
+            self.unmap_free_pages();
+        }
     }
 
     fn segment_mapped(&mut self, addr: u64, size: u64) {
