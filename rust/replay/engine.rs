@@ -14,10 +14,22 @@ thread_local! {
     static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
-/// The index of the event the last replay on this thread reached (None while it set up the
-/// start state): what a caught panic is reported against.
+/// The index of the event a replay on this thread was at when it panicked (None: while it
+/// set up the start state): what a caught panic is reported against.
 pub fn current_event() -> Option<usize> {
     CURRENT.with(|c| c.get())
+}
+
+/// Records the event reached into `CURRENT` if the replay unwinds (a panic), so that the
+/// loop itself stores a plain integer per event.
+struct Reached(Option<usize>);
+
+impl Drop for Reached {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
 }
 
 /// Called after every event with (event index, the model, live bytes, live allocations).
@@ -109,6 +121,7 @@ pub fn run_checked(
     mut check: Option<EventCheck<'_>>,
 ) -> Replay {
     CURRENT.with(|c| c.set(None));
+    let mut reached = Reached(None);
     let owned = unique_start(start);
     let start = owned.as_ref().unwrap_or(start);
     let mut r = Replay {
@@ -141,13 +154,15 @@ pub fn run_checked(
     r.timeline.push((0, lv.bytes, last_reserved));
     let mut clock = 0u32;
     for (i, e) in events.iter().enumerate() {
-        CURRENT.with(|c| c.set(Some(i)));
+        reached.0 = Some(i);
         match e.action {
             Action::Alloc => {
                 r.allocs += 1;
                 lv.release(e.id, model);
-                if let Some(&old) = lv.at_addr.get(&e.addr) {
-                    lv.release(old, model);
+                if e.addr != 0 {
+                    if let Some(&old) = lv.at_addr.get(&e.addr) {
+                        lv.release(old, model);
+                    }
                 }
                 clock = clock.wrapping_add(1);
                 let timed = clock % 8 == 0;

@@ -132,28 +132,23 @@ impl Blocks {
         (p.seg == b.seg && pa + p.size == addr).then_some((pa, p))
     }
 
-    /// Merges the block at `addr` with its neighbours in the segment that are, like it, not
-    /// allocated and mapped alike (`try_merge_blocks`); returns the merged block's address.
-    pub fn merge(&mut self, addr: u64) -> u64 {
-        let Some(mut b) = self.get(addr) else {
-            return addr;
-        };
-        if b.allocated {
-            return addr;
-        }
+    /// Inserts the free (or unmapped) block `b` at `addr`, merged with its neighbours in the
+    /// segment that are not allocated and mapped alike; returns the merged block's address.
+    pub fn insert_merged(&mut self, addr: u64, mut b: CBlock) -> u64 {
         let mut at = addr;
-        if let Some((na, n)) = self.next(addr, &b) {
-            if !n.allocated && n.mapped == b.mapped {
-                self.remove(na);
-                b.size += n.size;
+        if !b.allocated {
+            if let Some((na, n)) = self.next(addr, &b) {
+                if !n.allocated && n.mapped == b.mapped {
+                    self.remove(na);
+                    b.size += n.size;
+                }
             }
-        }
-        if let Some((pa, p)) = self.prev(addr, &b) {
-            if !p.allocated && p.mapped == b.mapped {
-                self.remove(pa);
-                self.remove(addr);
-                at = pa;
-                b.size += p.size;
+            if let Some((pa, p)) = self.prev(addr, &b) {
+                if !p.allocated && p.mapped == b.mapped {
+                    self.remove(pa);
+                    at = pa;
+                    b.size += p.size;
+                }
             }
         }
         self.insert(at, b);

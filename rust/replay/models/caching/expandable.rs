@@ -160,15 +160,12 @@ impl Caching {
         if n < b.size {
             self.b.insert_part(addr + n, &b, b.size - n);
         }
-        self.b.insert(
-            addr,
-            CBlock {
-                size: n,
-                mapped: true,
-                ..b
-            },
-        );
-        Some(self.b.merge(addr))
+        let mapped = CBlock {
+            size: n,
+            mapped: true,
+            ..b
+        };
+        Some(self.b.insert_merged(addr, mapped))
     }
 
     /// `unmap_block`: unmaps the whole pages of the free block at `addr` that lie inside
@@ -204,16 +201,13 @@ impl Caching {
         if end > stop {
             self.b.insert_part(stop, &b, end - stop);
         }
-        self.b.insert(
-            begin,
-            CBlock {
-                size: stop - begin,
-                mapped: false,
-                ..b
-            },
-        );
+        let unmapped = CBlock {
+            size: stop - begin,
+            mapped: false,
+            ..b
+        };
+        self.b.insert_merged(begin, unmapped);
         self.dev.give(stop - begin);
-        self.b.merge(begin);
     }
 
     /// The trace unmapped `[addr, addr + size)`: the model unmaps the free pages it holds

@@ -316,12 +316,11 @@ impl Model for Caching {
         let Some(addr) = self.by_id.remove(&id) else {
             return;
         };
-        let Some(mut b) = self.b.get(addr) else {
+        let Some(mut b) = self.b.remove(addr) else {
             return;
         };
         b.allocated = false;
-        self.b.insert(addr, b);
-        self.b.merge(addr);
+        self.b.insert_merged(addr, b);
     }
 
     fn reserved(&self) -> u64 {
