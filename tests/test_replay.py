@@ -17,15 +17,12 @@ from gpumm.report import _map_svg, explain_ooms, html_report
 from gpumm.traces import read_rmm_csv, read_trace
 from gpumm.units import MiB
 
+import corpus
 from shared_traces import TRACES, needs_shared
-ALL = ["gpt2_train.csv.gz", "bert_train.csv.gz", "resnet50_train.csv.gz",
-       "compile_train.pickle", "cs336_ctx128_forward.pickle", "magma_train.pickle",
-       "forward_bf16.pickle", "oom_state.pickle", "opt13_state.pickle"]
-HISTORY = ["compile_train.pickle", "cs336_ctx128_forward.pickle", "magma_train.pickle",
-           "forward_bf16.pickle"]
+ALL = corpus.params(corpus.ALL)  # every shared trace (wild/ too) and every recorded one
+HISTORY = corpus.params(corpus.HISTORY)
 
 
-@needs_shared
 @pytest.mark.parametrize("name", ALL)
 def test_every_allocator_on_every_trace(name):
     report = replay(read_trace(TRACES / name))
@@ -40,7 +37,6 @@ def test_every_allocator_on_every_trace(name):
     assert report.results["driver"].peak_reserved <= g.peak_reserved
 
 
-@needs_shared
 @pytest.mark.parametrize("name", HISTORY)
 def test_caching_model_matches_pytorch(name):
     """From the state rebuilt at the ring buffer's start, the model puts at least 99 % of
