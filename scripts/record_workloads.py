@@ -266,7 +266,9 @@ def record(w: Workload, path: Path) -> Trace:
             step()
 
     trace = to_trace(_profile(run), path.name)
-    tmp = path.with_name(path.name + ".part")  # a reader never sees half a file
+    # a hidden name that still ends in .gz (write_rmm_csv compresses by the name): a reader of
+    # the folder never sees half a file
+    tmp = path.with_name("." + path.name)
     try:
         write_rmm_csv(trace, tmp)
         tmp.replace(path)

@@ -41,7 +41,9 @@ def recorded_dir() -> Path:
 def _traces(folder: Path) -> List[Path]:
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(SUFFIXES))
+    # a hidden name is a file being written (scripts/record_workloads.py), not a trace
+    return sorted(p for p in folder.iterdir()
+                  if p.is_file() and p.name.endswith(SUFFIXES) and not p.name.startswith("."))
 
 
 #: every shared trace (``../shared/traces`` and ``wild/``)
