@@ -218,24 +218,24 @@ def _profile(fn: Callable[[], None]) -> List[Tuple[int, int, int, int]]:
 
 
 def to_trace(events: List[Tuple[int, int, int, int]], source: str) -> Trace:
-    """The profiler's allocation events as a trace: frees of addresses not allocated in the
-    recording are left out (their allocation came before it), and each free carries the size
-    of its allocation."""
+    """The profiler's allocation events as a trace, Time from its first row: frees of
+    addresses not allocated in the recording are left out (their allocation came before it),
+    and each free carries the size of its allocation."""
     live: Dict[int, int] = {}
-    out: List[Event] = []
-    t0 = events[0][0] if events else 0
+    rows: List[Tuple[str, int, int, int, int]] = []
     for ns, tid, ptr, nbytes in events:
-        us = (ns - t0) // 1000
         if nbytes > 0:
             if ptr in live:
                 raise RuntimeError(f"{source}: {ptr:#x} allocated again while live")
             live[ptr] = nbytes
-            out.append(Event("alloc", ptr, nbytes, 0, us, tid))
+            rows.append(("alloc", ptr, nbytes, ns, tid))
         elif ptr in live:
             size = live.pop(ptr)
             if size != -nbytes:
                 raise RuntimeError(f"{source}: {ptr:#x} freed with {-nbytes} B, allocated {size} B")
-            out.append(Event("free", ptr, size, 0, us, tid))
+            rows.append(("free", ptr, size, ns, tid))
+    t0 = rows[0][3] if rows else 0
+    out = [Event(a, ptr, size, 0, (ns - t0) // 1000, tid) for a, ptr, size, ns, tid in rows]
     return Trace(out, source, format="rmm")
 
 

@@ -11,7 +11,11 @@ from gpumm.units import MiB
 import corpus
 
 
-@pytest.mark.parametrize("path", corpus.params(corpus.RMM))  # shared and recorded RMM logs
+# shared and recorded RMM logs; where the pool misses its target today (issue 25's recordings)
+@pytest.mark.parametrize("path", corpus.params(corpus.RMM, {
+    "recorded/gpt2_decode.csv.gz": "1.69 x the 29.6 MiB peak live",
+    "recorded/unet_train.csv.gz": "1.040 x peak live",
+    "recorded/vit_train.csv.gz": "1.034 x peak live"}))
 def test_reserve_close_to_live(path):
     trace = read_rmm_csv(path)
     peak = trace.peak_live()
