@@ -90,6 +90,32 @@ def gpt2_decode() -> Step:
     return step
 
 
+def llama_decode() -> Step:
+    """Token-by-token decoding with grouped-query attention: transformers' Llama with a shrunk
+    configuration (8 layers, hidden 512, 8 heads, 2 key/value heads, intermediate 1376,
+    vocabulary 32000, RoPE), batch 4, a 64-token prompt, 192 new tokens by greedy
+    ``generate`` with the KV cache."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376,
+                      num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+                      max_position_embeddings=512)
+    model = LlamaForCausalLM(cfg).eval()
+    prompt = torch.randint(0, 32000, (4, 64))
+    mask = torch.ones_like(prompt)
+
+    def step() -> None:
+        with torch.no_grad():
+            out = model.generate(prompt, attention_mask=mask, max_new_tokens=192,
+                                 min_new_tokens=192, do_sample=False, use_cache=True,
+                                 pad_token_id=0)
+        assert out.shape == (4, 64 + 192), out.shape
+
+    return step
+
+
 def t5_train() -> Step:
     """T5-small (the default T5Config: 6 + 6 layers, d_model 512, 8 heads, d_ff 2048,
     vocabulary 32128), batch 8, 128 source and 32 target tokens, AdamW."""
@@ -186,6 +212,8 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
     Workload("unet_train", "diffusers UNet2DModel, DDPM, AdamW", unet_train, 1, 2),
     Workload("mixtral_moe_train", "Mixtral MoE (small), AdamW", mixtral_moe_train, 1, 2),
     Workload("llama_train_512", "Llama (small), 2 x 512 tokens, AdamW", llama_train_512, 1, 2),
+    Workload("llama_decode", "Llama (small, grouped-query), greedy generate, KV cache",
+             llama_decode, 1, 1),
 ]}
 
 

@@ -29,7 +29,8 @@ KNOWN = {"wild/code_location_qwen3_train.pickle": MIXED_DEVICES,
          "recorded/mixtral_moe_train.csv.gz": PANIC_822,
          "recorded/unet_train.csv.gz": PANIC_822 + "; gpumm reserves 1.040 x peak live",
          "recorded/gpt2_decode.csv.gz": "gpumm reserves 1.69 x the 29.6 MiB peak live (1.02 x + 4 MiB wanted)",
-         "recorded/vit_train.csv.gz": "gpumm reserves 1.034 x peak live (1.02 x + 4 MiB wanted)"}
+         "recorded/vit_train.csv.gz": "gpumm reserves 1.034 x peak live (1.02 x + 4 MiB wanted)",
+         "recorded/llama_decode.csv.gz": "gpumm reserves 1.43 x the 11.2 MiB peak live (1.02 x + 4 MiB wanted)"}
 ALL = corpus.params(corpus.ALL, KNOWN)  # every shared trace (wild/ too) and every recorded one
 HISTORY = corpus.params(corpus.HISTORY, {"wild/code_location_qwen3_train.pickle": MIXED_DEVICES})
 
