@@ -68,26 +68,33 @@ def _adamw_step(model, loss_of: Callable[[], "object"]) -> Step:
     return step
 
 
+def _generate_step(model, vocab: int, batch: int, prompt: int, new: int) -> Step:
+    """Greedy ``generate`` of ``new`` tokens after a random ``prompt``-token prompt, with the
+    KV cache (``past_key_values`` grows by one position a token)."""
+    import torch
+
+    ids = torch.randint(0, vocab, (batch, prompt))
+    mask = torch.ones_like(ids)
+    model.eval()
+
+    def step() -> None:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                                 do_sample=False, use_cache=True, pad_token_id=0)
+        assert out.shape == (batch, prompt + new), out.shape
+
+    return step
+
+
 def gpt2_decode() -> Step:
     """GPT-2 small (the default GPT2Config: 12 layers, d_model 768, 12 heads, vocabulary
     50257), batch 2, a 32-token prompt, 160 new tokens by greedy ``generate`` with the KV
-    cache (``past_key_values`` grows by one position per token)."""
+    cache."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config()).eval()
-    prompt = torch.randint(0, 50257, (2, 32))
-    mask = torch.ones_like(prompt)
-
-    def step() -> None:
-        with torch.no_grad():
-            out = model.generate(prompt, attention_mask=mask, max_new_tokens=160,
-                                 min_new_tokens=160, do_sample=False, use_cache=True,
-                                 pad_token_id=0)
-        assert out.shape == (2, 32 + 160), out.shape
-
-    return step
+    return _generate_step(GPT2LMHeadModel(GPT2Config()), 50257, 2, 32, 160)
 
 
 def llama_decode() -> Step:
@@ -102,18 +109,7 @@ def llama_decode() -> Step:
     cfg = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376,
                       num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
                       max_position_embeddings=512)
-    model = LlamaForCausalLM(cfg).eval()
-    prompt = torch.randint(0, 32000, (4, 64))
-    mask = torch.ones_like(prompt)
-
-    def step() -> None:
-        with torch.no_grad():
-            out = model.generate(prompt, attention_mask=mask, max_new_tokens=192,
-                                 min_new_tokens=192, do_sample=False, use_cache=True,
-                                 pad_token_id=0)
-        assert out.shape == (4, 64 + 192), out.shape
-
-    return step
+    return _generate_step(LlamaForCausalLM(cfg), 32000, 4, 64, 192)
 
 
 def t5_train() -> Step:
