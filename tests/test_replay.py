@@ -41,12 +41,21 @@ def test_every_allocator_on_every_trace(name):
             assert r.error is None, r.error
             assert not r.ooms and r.peak_live == report.peak_live
             assert r.peak_reserved >= r.peak_live or r.allocator == "driver"
-            assert r.min_capacity is not None and r.min_capacity % (64 * MiB) == 0
+            assert r.min_capacity is not None and r.min_capacity % search_step(report.peak_live) == 0
+            assert r.min_capacity >= report.peak_live
             assert r.events_per_second > 0 or not report.events  # state-only: nothing to time
         g = report.results["gpumm"]
         if corpus.label(TRACES / name) not in RESERVE_OPEN:
             assert g.peak_reserved <= 1.02 * report.peak_live + 4 * MiB, g.ratio
+            assert g.min_capacity <= 1.02 * report.peak_live + 8 * MiB, g.min_capacity
         assert report.results["driver"].peak_reserved <= g.peak_reserved
+
+
+def search_step(peak_live):
+    """What the smallest-capacity search resolves: 1 % of peak live or 2 MiB, whichever is
+    larger, in whole 2 MiB pages."""
+    one_percent = -(-peak_live // 100)
+    return max(1, -(-one_percent // (2 * MiB))) * 2 * MiB
 
 
 @pytest.mark.parametrize("name", HISTORY)
@@ -80,7 +89,10 @@ def test_replay_of_a_small_trace(tmp_path):
     report = replay(t, capacity="1GiB")
     assert report.results["gpumm"].peak_reserved == 12 * MiB  # 6 pages: page ends shared
     assert report.results["caching"].peak_reserved == 22 * MiB  # a 20 MiB and a 2 MiB segment
-    assert report.results["driver"].min_capacity == 64 * MiB
+    # the search resolves 2 MiB here (1 % of 10.3 MiB is less): the driver needs the peak live
+    # rounded up to it, gpumm the 6 pages it reserves
+    assert report.results["driver"].min_capacity == 12 * MiB
+    assert report.results["gpumm"].min_capacity == 12 * MiB
     j = report.to_json()
     for name in ALLOCATORS:
         entry = j["allocators"][name]
@@ -90,6 +102,28 @@ def test_replay_of_a_small_trace(tmp_path):
     assert j["allocators"]["driver"]["free_at_peak"] == 0
     # gpumm's 6 pages hold two 5 MiB allocations and 300 KiB at the peak
     assert j["allocators"]["gpumm"]["free_at_peak"] == 12 * MiB - p.peak_live
+
+
+def test_min_capacity_resolves_one_percent_of_a_large_trace(tmp_path):
+    """On a trace of 1 GiB of live memory the search resolves 1 % of it (in whole 2 MiB pages:
+    12 MiB), not 64 MiB: the driver needs the peak live rounded up to that, and no model
+    needs more than it reserved with the whole device."""
+    rows = ["Thread,Time,Action,Pointer,Size,Stream"]
+    for i in range(64):  # 64 live tensors of 16 MiB + 1 KiB: 1,024.06 MiB, then all freed
+        rows.append(f"1,00:00:00.{i:06d},allocate,{0x1000000 * (i + 1):#x},{16 * MiB + 1024},0x0")
+    for i in range(64):
+        rows.append(f"1,00:00:01.{i:06d},free,{0x1000000 * (i + 1):#x},0,0x0")
+    (tmp_path / "big.csv").write_text("\n".join(rows) + "\n")
+    report = replay(read_rmm_csv(tmp_path / "big.csv"), capacity="80GiB")
+    step = search_step(report.peak_live)
+    assert step == 12 * MiB
+    assert report.results["driver"].min_capacity == 1032 * MiB  # 1,024.06 MiB up to 86 steps
+    for r in report.results.values():
+        assert r.min_capacity % step == 0
+        assert report.peak_live <= r.min_capacity < max(r.peak_reserved, report.peak_live) + step
+    explicit = replay(read_rmm_csv(tmp_path / "big.csv"), ["driver"], capacity="80GiB",
+                      step="64MiB")
+    assert explicit.results["driver"].min_capacity == 1088 * MiB  # the old resolution
 
 
 def _terminal(report):

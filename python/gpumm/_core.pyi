@@ -60,7 +60,7 @@ def replay_min_capacity(
     *,
     peak_live: int,
     hi: int,
-    step: int,
+    step: Optional[int] = None,
     options: Optional[dict[str, Any]] = None,
 ) -> Optional[int]: ...
 

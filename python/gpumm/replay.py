@@ -20,6 +20,7 @@ that allocator's :attr:`AllocatorResult.error` and the replay goes on with the o
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from gpumm import _core
 from gpumm.arch import get_device
 from gpumm.errors import GpummError, InvalidArgumentError
 from gpumm.traces.base import Trace
-from gpumm.units import MiB, SizeLike, parse_size
+from gpumm.units import SizeLike, parse_size
 
 __all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "replay",
            "read_devices", "replay_file", "devices_json"]
@@ -241,18 +242,34 @@ def _caching_options(trace: Trace, overrides: Optional[Dict[str, Any]]) -> Dict[
     return opts
 
 
+def _smallest_capacity(name: str, arrays: Tuple[Any, ...], p: Prepared, cap: int,
+                       peak_reserved: int, step: Optional[int], opts: Dict[str, Any]
+                       ) -> Optional[int]:
+    """The model's smallest capacity with no out-of-memory failure, searched first up to what
+    it reserved at ``cap`` (a replay that never held more than that mostly fits there, and the
+    bisection then spans a few steps), and up to ``cap`` when it does not fit there."""
+    search = functools.partial(_core.replay_min_capacity, name, *arrays, p.start,
+                               peak_live=p.peak_live, step=step, options=opts)
+    if 0 < peak_reserved < cap:
+        got = search(hi=peak_reserved)
+        if got is not None:
+            return got  # type: ignore[no-any-return]
+    return search(hi=cap)  # type: ignore[no-any-return]
+
+
 def replay(
     trace: Trace,
     allocators: Sequence[str] = ALLOCATORS,
     capacity: Optional[SizeLike] = None,
     device: str = "h100",
     min_capacity: bool = True,
-    step: SizeLike = 64 * MiB,
+    step: Optional[SizeLike] = None,
     caching_options: Optional[Dict[str, Any]] = None,
     progress: Optional[Callable[[str], None]] = None,
 ) -> Report:
     """Replays ``trace`` through each allocator at ``capacity`` (default: ``device``'s), and
-    finds each one's smallest capacity with no out-of-memory failure (to ``step``)."""
+    finds each one's smallest capacity with no out-of-memory failure, to ``step`` (default:
+    1 % of the trace's peak live bytes or 2 MiB, whichever is larger, in whole 2 MiB pages)."""
     names = list(allocators)
     unknown = [n for n in names if n not in ALLOCATORS]
     if unknown:
@@ -260,7 +277,7 @@ def replay(
             f"unknown allocator {unknown[0]!r}; known: {', '.join(ALLOCATORS)}"
         )
     cap = parse_size(capacity) if capacity is not None else get_device(device).vidmem
-    unit = parse_size(step)
+    unit = parse_size(step) if step is not None else None
     p = prepare(trace)
     arrays = (p.actions, p.ids, p.sizes, p.streams, p.addrs)
     opts = _caching_options(trace, caching_options)
@@ -299,9 +316,8 @@ def replay(
             r.address_match = raw["address_matches"] / raw["addressed_allocs"]
         if min_capacity:
             try:
-                r.min_capacity = _core.replay_min_capacity(
-                    name, *arrays, p.start, peak_live=p.peak_live, hi=cap, step=unit,
-                    options=opts)
+                r.min_capacity = _smallest_capacity(name, arrays, p, cap, r.peak_reserved,
+                                                    unit, opts)
             except GpummError as e:
                 r.error = f"smallest-capacity search failed: {e}"
         results[name] = r

@@ -210,10 +210,11 @@ pub fn replay<'py>(
 }
 
 /// The smallest capacity (a multiple of `step`, at most `hi`) at which `model` replays the
-/// events with no out-of-memory failure; None if even `hi` fails.
+/// events with no out-of-memory failure; None if even `hi` fails. `step` None: 1 % of
+/// `peak_live` or 2 MiB, whichever is larger, in whole 2 MiB pages (`engine::auto_step`).
 #[pyfunction]
 #[pyo3(signature = (model, actions, ids, sizes, streams, addrs, start = None, *, peak_live,
-    hi, step, options = None))]
+    hi, step = None, options = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replay_min_capacity(
     py: Python<'_>,
@@ -226,9 +227,10 @@ pub fn replay_min_capacity(
     start: Option<StartArgs>,
     peak_live: u64,
     hi: u64,
-    step: u64,
+    step: Option<u64>,
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Option<u64>> {
+    let step = step.unwrap_or_else(|| engine::auto_step(peak_live));
     let ev = events(py, [actions, ids, sizes, streams, addrs])?;
     let opts = caching_options(options)?;
     engine::model_by_name(model, hi.max(step), opts).py_err(py)?; // a clear error for a bad name

@@ -223,6 +223,16 @@ pub fn run_checked(
     r
 }
 
+/// The resolution of a smallest-capacity search for a trace of `peak_live` bytes: 1 % of it
+/// or 2 MiB, whichever is larger, rounded up to whole 2 MiB pages (CUDA's VMM granularity, so
+/// every capacity tried is a device a pool could hold whole). The answer is then within 1 %
+/// (or one page) of the true smallest capacity, at any trace size: a 64 MiB step made every
+/// allocator of a 100 MiB trace "need" 128 MiB.
+pub fn auto_step(peak_live: u64) -> u64 {
+    const PAGE: u64 = 2 << 20;
+    peak_live.div_ceil(100).div_ceil(PAGE).max(1) * PAGE
+}
+
 /// The smallest capacity, a multiple of `step`, at which `make`'s model replays the trace
 /// with no out-of-memory failure, by bisection between the peak of live memory and `hi`
 /// (None: not even at `hi`). An error from `make` ends the search with that error.

@@ -19,7 +19,7 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
-pub use engine::{current_event, min_capacity, run, run_checked, EventCheck};
+pub use engine::{auto_step, current_event, min_capacity, run, run_checked, EventCheck};
 pub use models::{model_by_name, CachingOptions, MODEL_NAMES};
 
 /// What happened, in trace order.
