@@ -51,6 +51,8 @@
 
 pub mod bins;
 mod cache;
+#[cfg(test)]
+mod golden;
 mod ptrmap;
 pub(crate) mod runs;
 mod stats;

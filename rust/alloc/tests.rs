@@ -8,10 +8,10 @@ use super::*;
 use crate::backend::Simulated;
 use crate::pmm::{PmmConfig, SizeMask};
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 const KIB: u64 = 1 << 10;
 
-fn device(vidmem: u64) -> Arc<Device> {
+pub(super) fn device(vidmem: u64) -> Arc<Device> {
     let mut cfg = PmmConfig::new(
         vidmem,
         SizeMask::from_sizes(&[4096, 65536, 2 * MIB]).unwrap(),
@@ -1282,7 +1282,7 @@ fn a_scrubbing_pool_zeroes_what_a_heap_move_leaves_behind() {
 // Model-based: random streams of operations against a shadow map of live ranges.
 
 #[derive(Clone, Debug)]
-enum Op {
+pub(super) enum Op {
     Alloc(u64, u64, bool),
     Arena(Vec<u64>, u64),
     Batch(Vec<u64>),
@@ -1298,7 +1298,7 @@ enum Op {
     Trim,
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(super) fn op() -> impl Strategy<Value = Op> {
     // (and a few sizes that come back, for the exact-size cache)
     let size = prop_oneof![
         1 => 1u64..4096,
