@@ -275,7 +275,7 @@ impl Pool {
     /// arena is: for buffers that live and die together (one step's activations, a batch of
     /// staging buffers). It is always one placement (stitched if need be), where
     /// `alloc_batch` places a batch that fits no free range size by size; a batch that fits
-    /// one costs about the same either way (benches/RESULTS.md, ninth session).
+    /// one costs about the same either way (benches/RESULTS.md).
     pub fn alloc_arena(&mut self, sizes: &[u64], stream: u64, out: &mut Vec<u64>) -> Result<()> {
         self.open()?;
         let total = self.batch_units(sizes)?;

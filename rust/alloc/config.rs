@@ -20,12 +20,11 @@ pub(super) const SCAN: usize = 8;
 /// dependent loads; with 16 bins a power of two instead of 8 the walk no longer paid for
 /// itself: mixed churn pair 103.5 → 101 ns in the profiling loop, fill to failure 99.65 % (8
 /// candidates) → 99.63 % (none), against 99.62 % with 8 bins and 8 candidates
-/// (benches/RESULTS.md, sixth session).
+/// (benches/RESULTS.md).
 pub(super) const HEAP_SCAN: usize = 0;
 /// The same for a request placed in a free block of a large segment: 2 instead of 8 left the
 /// fill to failure and the traces' reserve unchanged and saved 1–2 ns a mixed churn pair; 0
-/// raised resnet50's peak reserved ÷ peak live from 1.0137 to 1.0211. 1 instead of 2 (ninth
-/// session): the churn with the device reserved 78.9 → 76.4 ns (min of six interleaved
+/// raised resnet50's peak reserved ÷ peak live from 1.0137 to 1.0211. 1 instead of 2: the churn with the device reserved 78.9 → 76.4 ns (min of six interleaved
 /// runs), the fill unchanged, resnet50's peak reserve 1.0092 → 1.0122 of its peak live (its
 /// smallest capacity unchanged); 0 then gave 1.0256 (benches/RESULTS.md).
 pub(super) const LARGE_SCAN: usize = 1;
@@ -36,7 +35,7 @@ pub(super) const LARGE_SCAN: usize = 1;
 /// `BEST_SCAN` candidates of two bins, a tail the best fit among `TAIL_SCAN`, and up to
 /// `PAIR_SCAN` heads are tried for the one whose tail fits a free page start most closely.
 /// Fill to failure at 2 MiB pages, 40 seeds: 99.636 → 99.714 %; the real traces' peak reserve
-/// and smallest capacity unchanged (benches/RESULTS.md, seventh session; 16 or 64 heads
+/// and smallest capacity unchanged (benches/RESULTS.md; 16 or 64 heads
 /// instead of 4 needed two more pages for resnet50 at its smallest capacity). Not with room
 /// to spare: pairing on every stitched request cost the mixed churn 5 ns a pair.
 pub(super) const PRESSURE_DIV: u64 = 8;
@@ -54,7 +53,7 @@ pub(super) const RUN_FIRST_DIV: u64 = 16;
 /// `defrag` slides an allocation of a large segment down over a free block only if that
 /// block is at least 1/`SLIDE_MIN_DIV` of the allocation's length: a copy engine that cannot
 /// copy overlapping ranges (CUDA's) moves it in pieces of the free block's length, so at
-/// most this many (queued, then waited for once). 1024 rather than 64 (thirteenth session):
+/// most this many (queued, then waited for once). 1024 rather than 64:
 /// with every allocation movable, the fill to failure at 2 MiB pages 99.893 → 99.929 %
 /// (40 seeds), as most holes left inside pages are small beside what would slide over them.
 pub(super) const SLIDE_MIN_DIV: u64 = 1024;

@@ -41,7 +41,7 @@ impl Pool {
     /// it, takes in the free block that follows, so that the free space of a run of movable
     /// allocations gathers behind them, where its whole pages can go back (`reclaim`) and
     /// what is left touches the next allocation or the end of the segment or page. (Heap
-    /// pages too since the thirteenth session: their holes, gathered, take larger allocations
+    /// pages too: their holes, gathered, take larger allocations
     /// of the heap pages being emptied; the fill to failure with every allocation movable,
     /// 40 seeds, 99.912 → 99.929 %.) A movable stitched allocation whose head follows a free
     /// block slides down through its window the same way (`slide_stitched`; without it
@@ -284,7 +284,7 @@ impl Pool {
     /// destination (it holds pages a large request can use), and a page that received an
     /// allocation is not emptied afterwards (nothing moves twice). With every allocation
     /// movable, the fill to failure at 2 MiB pages, 40 seeds, is 99.929 %, and 99.778 % with
-    /// other heap pages as the only destinations (thirteenth session).
+    /// other heap pages as the only destinations.
     pub(super) fn evacuate_heap_pages(&mut self, report: &mut DefragReport) {
         let mut order: Vec<(u32, u32)> = (0..self.pages.len() as u32)
             .filter(|&p| self.pages[p as usize] == PageKind::Heap)

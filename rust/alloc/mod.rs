@@ -72,6 +72,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 mod types;
+mod validate;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -144,8 +145,8 @@ pub struct Pool {
     vacant_blocks: Vec<u32>,
     /// Primary bins of free blocks, indexed by `Block::heap` (`LARGE`, `HEAP`); secondary bins
     /// of free large blocks at a segment's end (`SUFFIX`) or start (`PREFIX`; index 0 unused).
-    /// (Which secondary bins a free block belongs in is computed without branches since the
-    /// sixth session, 0.56 fewer mispredictions a mixed pair; an earlier form that also
+    /// (Which secondary bins a free block belongs in is computed without branches: 0.56 fewer
+    /// mispredictions a mixed pair than with them; an earlier form that also
     /// computed the bin choice itself without branches measured slower: benches/RESULTS.md.)
     primary: [Bins; 2],
     secondary: [Bins; 3],
