@@ -146,13 +146,8 @@ impl Pool {
         layout: Layout,
     ) {
         let x = &mut self.allocs[a as usize];
-        x.state = State::Live;
-        x.size = size;
+        x.make_live(size, stream, false, 0);
         x.ptr = ptr;
-        x.stream = stream;
-        x.movable = false;
-        x.pins = 0;
-        x.scope = 0;
         x.layout = layout;
         match self.batches.last_mut() {
             Some(rec) => rec.members.push((ptr, a)),
@@ -191,7 +186,7 @@ impl Pool {
                 free: false,
                 heap: whole.heap,
                 binsec: 0,
-                links: Link { prev: a, next: NIL },
+                links: Link::owned_by(a),
             };
             let id = if i == 0 {
                 self.blocks[b as usize] = piece;

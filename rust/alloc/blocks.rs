@@ -1,4 +1,6 @@
-//! Block surgery: making and dropping blocks, binning free ones, carving an allocation out of a free block, releasing a block (merged with its free neighbours) and splitting a segment around its free pages.
+//! Block surgery: making and dropping blocks, binning free ones, carving an allocation out of a
+//! free block, releasing a block (merged with its free neighbours) and splitting a segment
+//! around its free pages.
 
 use super::*;
 
@@ -147,7 +149,7 @@ impl Pool {
             u.off = off;
             u.len = len;
             u.free = false;
-            u.links = Link { prev: a, next: NIL };
+            u.links = Link::owned_by(a);
         }
         if at > 0 {
             let f = self.blocks[b as usize].prev;
@@ -172,7 +174,7 @@ impl Pool {
     #[inline]
     pub(super) fn binned_free(&self, b: u32) -> bool {
         let blk = &self.blocks[b as usize];
-        blk.free && blk.links.prev != PENDING
+        blk.free && !blk.is_pending()
     }
 
     /// A used block becomes free and merges with free neighbours; a page left empty becomes
@@ -337,7 +339,7 @@ impl Pool {
                 }
             }
             let links = self.blocks[s as usize].links;
-            if links.prev == PENDING && links.next == PENDING {
+            if links == Link::MERGED {
                 continue; // the start of a run merged already
             }
             if links.prev != PENDING {
@@ -349,15 +351,12 @@ impl Pool {
                 if nx == NIL || !self.blocks[nx as usize].free {
                     break;
                 }
-                if self.blocks[nx as usize].links.prev != PENDING {
+                if !self.blocks[nx as usize].is_pending() {
                     self.remove_free(nx);
                 }
                 self.absorb_next(s);
             }
-            self.blocks[s as usize].links = Link {
-                prev: PENDING,
-                next: PENDING,
-            };
+            self.blocks[s as usize].links = Link::MERGED;
             starts.push(s);
         }
         for s in starts {

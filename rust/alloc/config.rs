@@ -24,8 +24,9 @@ pub(super) const SCAN: usize = 8;
 pub(super) const HEAP_SCAN: usize = 0;
 /// The same for a request placed in a free block of a large segment: 2 instead of 8 left the
 /// fill to failure and the traces' reserve unchanged and saved 1–2 ns a mixed churn pair; 0
-/// raised resnet50's peak reserved ÷ peak live from 1.0137 to 1.0211. 1 instead of 2: the churn with the device reserved 78.9 → 76.4 ns (min of six interleaved
-/// runs), the fill unchanged, resnet50's peak reserve 1.0092 → 1.0122 of its peak live (its
+/// raised resnet50's peak reserved ÷ peak live from 1.0137 to 1.0211. 1 instead of 2: the
+/// churn with the device reserved 78.9 → 76.4 ns (min of six interleaved runs), the fill
+/// unchanged, resnet50's peak reserve 1.0092 → 1.0122 of its peak live (its
 /// smallest capacity unchanged); 0 then gave 1.0256 (benches/RESULTS.md).
 pub(super) const LARGE_SCAN: usize = 1;
 
@@ -58,8 +59,8 @@ pub(super) const RUN_FIRST_DIV: u64 = 16;
 /// (40 seeds), as most holes left inside pages are small beside what would slide over them.
 pub(super) const SLIDE_MIN_DIV: u64 = 1024;
 
-/// `compact_pages` walks the large segments and heap pages again while a walk moved something, at most
-/// this many times: a stitched allocation's slide frees space after its tail, in another
+/// `compact_pages` walks the large segments and heap pages again while a walk moved
+/// something, at most this many times: a stitched allocation's slide frees space after its tail, in another
 /// segment, which a later walk can slide the next allocation over.
 pub(super) const COMPACT_PASSES: usize = 8;
 
@@ -121,7 +122,8 @@ impl PoolConfig {
     }
 }
 
-/// A block freed by `free_batch` and not yet merged (in its `links.prev`; never a block index).
+/// A block freed by `free_batch` and not yet merged (in its `links.prev`, never a block index:
+/// see `Link::PENDING`).
 pub(super) const PENDING: u32 = NIL - 1;
 
 /// The longest block a large segment holds, in granules (larger requests are stitched).

@@ -21,7 +21,7 @@ use std::path::Path;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
-use super::tests::{device, op, Op, MIB};
+use super::tests::{device, ids_of, op, stream_pool, Op, MIB};
 use super::*;
 
 /// The statistics without the measured latencies (times differ from run to run).
@@ -44,17 +44,9 @@ fn random_stream(seed: u8, out: &mut String) {
     );
     let strategy = (proptest::collection::vec(op(), 1..120), proptest::bool::ANY);
     let (ops, threshold) = strategy.new_tree(&mut runner).unwrap().current();
-    let mut cfg = PoolConfig::new(2 * MIB);
-    cfg.check = true;
-    cfg.release_threshold = threshold.then_some(8 * MIB);
-    let mut p = Pool::new(device(128 * MIB), cfg).unwrap();
+    let mut p = stream_pool(threshold);
     let mut live: Vec<AllocId> = vec![];
-    let mut fences: Vec<u64> = vec![];
-    let mut batches: Vec<Vec<AllocId>> = vec![];
-    let ids_of = |p: &Pool, out: &[u64]| -> Vec<AllocId> {
-        let by_ptr: HashMap<u64, AllocId> = p.allocations().iter().map(|x| (x.ptr, x.id)).collect();
-        out.iter().map(|ptr| by_ptr[ptr]).collect()
-    };
+    let (mut fences, mut batches) = (vec![], vec![]);
     for op in ops {
         let _ = writeln!(out, "{op:?}");
         let r = match op {

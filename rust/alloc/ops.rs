@@ -1,4 +1,5 @@
-//! The pool's public operations on single allocations: alloc, free, pins, queries, scopes, trim, close and the out-of-memory report.
+//! The pool's public operations on single allocations: alloc, free, pins, queries, scopes,
+//! trim, close and the out-of-memory report.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Page ownership: growing from the device, giving pages back, what kind each page is, and reclaiming whole free pages from large segments.
+//! Page ownership: growing from the device, giving pages back, what kind each page is, and
+//! reclaiming whole free pages from large segments.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Placement: where a request's memory goes (a heap block, a large block, or a head, whole pages and a tail), or a miss.
+//! Placement: where a request's memory goes (a heap block, a large block, or a head, whole
+//! pages and a tail), or a miss.
 
 use super::*;
 

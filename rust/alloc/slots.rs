@@ -1,4 +1,5 @@
-//! Allocation slots: making a slot live (fresh, reused on its stream, or from the size cache), and turning it back vacant.
+//! Allocation slots: making a slot live (fresh, reused on its stream, or from the size cache),
+//! and turning it back vacant.
 
 use super::*;
 
@@ -80,25 +81,26 @@ impl Pool {
     #[inline(always)]
     pub(super) fn go_live(&mut self, a: u32, req: Request, units: u64) -> (u64, u64) {
         let x = &mut self.allocs[a as usize];
-        x.state = State::Live;
-        x.size = req.size;
-        x.stream = req.stream;
-        x.movable = req.movable;
-        x.pins = 0;
-        x.scope = req.scope;
+        x.make_live(req.size, req.stream, req.movable, req.scope);
         let ptr = x.ptr;
         if let Some(m) = &mut self.by_ptr {
             m.insert(ptr, a);
         }
         self.count_alloc(req.size, units);
         if req.scope != 0 {
-            let g = self.allocs[a as usize].generation;
-            if let Some(v) = self.scopes.get_mut(&req.scope) {
-                v.push((a, g));
-            }
+            self.join_scope(a, req.scope);
         }
         debug_assert!(ptr != 0, "a pool address is never 0");
         (self.id(a).to_bits(), ptr)
+    }
+
+    /// Live slot `a` is listed in `scope` (if still open), under its current generation.
+    #[cold]
+    pub(super) fn join_scope(&mut self, a: u32, scope: u32) {
+        let g = self.allocs[a as usize].generation;
+        if let Some(v) = self.scopes.get_mut(&scope) {
+            v.push((a, g));
+        }
     }
 
     /// A request served by cached slot `a`, whose block has exactly its rounded size.
@@ -164,19 +166,15 @@ impl Pool {
             let x = &mut self.allocs[a as usize];
             if x.generation == g && x.state == State::Freeing && x.stream == req.stream {
                 x.generation += 1;
-                x.state = State::Live;
-                x.size = req.size;
-                x.movable = req.movable;
-                x.scope = req.scope;
+                // (a freeing allocation is unpinned, and on `req.stream`: checked above)
+                x.make_live(req.size, req.stream, req.movable, req.scope);
                 let ptr = x.ptr;
                 self.counters.freeing_bytes -= units * GRANULE;
                 self.counters.used_bytes -= units * GRANULE;
                 self.counters.reused += 1;
                 self.count_alloc(req.size, units);
                 if req.scope != 0 {
-                    if let Some(s) = self.scopes.get_mut(&req.scope) {
-                        s.push((a, g + 1));
-                    }
+                    self.join_scope(a, req.scope);
                 }
                 return Some((self.id(a), ptr));
             }
@@ -237,10 +235,7 @@ impl Pool {
                 (Layout::Block(b), Some(pending)) => {
                     let u = &mut self.blocks[b as usize];
                     u.free = true;
-                    u.links = Link {
-                        prev: PENDING,
-                        next: NIL,
-                    };
+                    u.links = Link::PENDING;
                     pending.push(b);
                 }
                 (layout, _) => self.unplace(layout),

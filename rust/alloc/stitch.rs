@@ -1,4 +1,5 @@
-//! Stitched layouts: their pages mapped back to back into the stitching window, and the window's range cache.
+//! Stitched layouts: their pages mapped back to back into the stitching window, and the
+//! window's range cache.
 
 use super::*;
 

@@ -1371,6 +1371,21 @@ fn ranges(p: &Pool) -> Vec<(u64, u64)> {
     p.allocations().iter().map(|x| (x.ptr, x.rounded)).collect()
 }
 
+/// The pool of `random_streams_keep_every_invariant`: 128 MiB, checked after every mutation;
+/// with a release threshold (`threshold`), whole free pages leave large segments at once.
+pub(super) fn stream_pool(threshold: bool) -> Pool {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    cfg.release_threshold = threshold.then_some(8 * MIB);
+    Pool::new(device(128 * MIB), cfg).unwrap()
+}
+
+/// The handles of the allocations at pointers `out`.
+pub(super) fn ids_of(p: &Pool, out: &[u64]) -> Vec<AllocId> {
+    let by_ptr: HashMap<u64, AllocId> = p.allocations().iter().map(|x| (x.ptr, x.id)).collect();
+    out.iter().map(|ptr| by_ptr[ptr]).collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
 
@@ -1379,20 +1394,12 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..120),
         threshold in any::<bool>(),
     ) {
-        let mut cfg = PoolConfig::new(2 * MIB);
-        cfg.check = true;
-        // with a release threshold, whole free pages leave large segments at once
-        cfg.release_threshold = threshold.then_some(8 * MIB);
-        let mut p = Pool::new(device(128 * MIB), cfg).unwrap();
+        let mut p = stream_pool(threshold);
         let mut live: Vec<AllocId> = vec![];
         let mut fences: Vec<u64> = vec![];
         // the members of each batch made (found without a lookup by pointer, which would
         // index them: `free_batch` of a whole batch is then served from its record)
         let mut batches: Vec<Vec<AllocId>> = vec![];
-        let ids_of = |p: &Pool, out: &[u64]| -> Vec<AllocId> {
-            let by_ptr: HashMap<u64, AllocId> = p.allocations().iter().map(|x| (x.ptr, x.id)).collect();
-            out.iter().map(|ptr| by_ptr[ptr]).collect()
-        };
         for op in ops {
             // a refused request leaves the pool as it was (but for counting the failure),
             // unless it had movable allocations to compact on the way

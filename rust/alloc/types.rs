@@ -1,4 +1,5 @@
-//! The records the pool keeps: handles, requests and reports; blocks, slots, layouts and counters.
+//! The records the pool keeps: handles, requests and reports; blocks, slots, layouts and
+//! counters.
 
 use super::*;
 
@@ -134,7 +135,11 @@ pub(super) struct Block {
     /// Free and binned: its primary bin and secondary bins (`SUFFIX`, `PREFIX` or 0), as
     /// computed when it went in, so that taking it out does not compute them again.
     pub(super) binsec: u16,
-    /// Free: links in the primary bins (heap or large). Used: `prev` is the owner's slot.
+    /// What the links mean depends on the block, and only these helpers read or write them
+    /// for anything but a bin: free and binned, links in the primary bins (heap or large);
+    /// used, `Link::owned_by` its allocation (`owner`); freed by `free_batch` and not yet
+    /// merged, `Link::PENDING` (`is_pending`), and the first block of a run `merge_pending`
+    /// has merged, `Link::MERGED`.
     pub(super) links: Link,
 }
 
@@ -161,6 +166,30 @@ impl Block {
         debug_assert!(!self.free);
         self.links.prev
     }
+
+    /// Freed by `free_batch` and waiting for `merge_pending` (in no bin).
+    #[inline(always)]
+    pub(super) fn is_pending(&self) -> bool {
+        self.links.prev == PENDING
+    }
+}
+
+impl Link {
+    /// The links of a used block: its owner's slot (a used block is in no bin).
+    #[inline(always)]
+    pub(super) const fn owned_by(a: u32) -> Link {
+        Link { prev: a, next: NIL }
+    }
+    /// A block freed by `free_batch`, not yet merged.
+    pub(super) const PENDING: Link = Link {
+        prev: PENDING,
+        next: NIL,
+    };
+    /// The first block of a run `merge_pending` has merged already.
+    pub(super) const MERGED: Link = Link {
+        prev: PENDING,
+        next: PENDING,
+    };
 }
 
 #[inline(always)]
@@ -313,6 +342,18 @@ impl Alloc {
     #[inline]
     pub(super) fn units(&self) -> u64 {
         self.size.div_ceil(GRANULE)
+    }
+
+    /// The slot becomes a live allocation of `size` bytes on `stream`, unpinned: the one
+    /// place a slot's request fields are written (`go_live`, `reuse`, `batch_member`).
+    #[inline(always)]
+    pub(super) fn make_live(&mut self, size: u64, stream: u64, movable: bool, scope: u32) {
+        self.state = State::Live;
+        self.size = size;
+        self.stream = stream;
+        self.movable = movable;
+        self.pins = 0;
+        self.scope = scope;
     }
 }
 
