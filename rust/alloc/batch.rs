@@ -202,9 +202,7 @@ impl Pool {
         }
         debug_assert_eq!(g, self.start_of(&whole) + whole.len as u64);
         self.blocks[prev as usize].next = whole.next;
-        if whole.next != NIL {
-            self.blocks[whole.next as usize].prev = prev;
-        }
+        self.link_to(whole.next, prev);
     }
 
     /// When `ptrs` are exactly the members of a pending batch record, in its order, all live

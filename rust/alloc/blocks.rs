@@ -20,6 +20,35 @@ impl Pool {
         }
     }
 
+    /// The list link into `x` from before it: `prev`'s `next`, or, when `prev` is NIL, the
+    /// first block of the page or segment `x` starts (`page`, its first page).
+    #[inline(always)]
+    pub(super) fn link_from(&mut self, prev: u32, page: u32, x: u32) {
+        if prev != NIL {
+            self.blocks[prev as usize].next = x;
+        } else {
+            self.page_first[page as usize] = x;
+        }
+    }
+
+    /// The list link into `x` from after it: `next`'s `prev` (none when `next` is NIL).
+    #[inline(always)]
+    pub(super) fn link_to(&mut self, next: u32, x: u32) {
+        if next != NIL {
+            self.blocks[next as usize].prev = x;
+        }
+    }
+
+    /// A new block between its `prev` and `next`, both linked to it.
+    #[inline(always)]
+    pub(super) fn insert_block(&mut self, b: Block) -> u32 {
+        let (prev, next, page) = (b.prev, b.next, b.page);
+        let x = self.new_block(b);
+        self.link_from(prev, page, x);
+        self.link_to(next, x);
+        x
+    }
+
     #[inline]
     pub(super) fn drop_block(&mut self, b: u32) {
         self.blocks[b as usize].page = NIL;
@@ -104,7 +133,7 @@ impl Pool {
         let blk = self.blocks[b as usize];
         debug_assert!(blk.free && at + len <= blk.len);
         if at > 0 {
-            let f = self.new_block(Block {
+            self.insert_block(Block {
                 page: blk.page,
                 off: blk.off,
                 len: at,
@@ -115,18 +144,12 @@ impl Pool {
                 binsec: 0,
                 links: Link::UNLINKED,
             });
-            if blk.prev != NIL {
-                self.blocks[blk.prev as usize].next = f;
-            } else {
-                self.page_first[blk.page as usize] = f;
-            }
-            self.blocks[b as usize].prev = f;
         }
         let rest = blk.len - at - len;
         let g = self.start_of(&blk) + at as u64;
         if rest > 0 {
             let (page, off) = self.locate(g + len as u64);
-            let f = self.new_block(Block {
+            self.insert_block(Block {
                 page,
                 off,
                 len: rest,
@@ -137,10 +160,6 @@ impl Pool {
                 binsec: 0,
                 links: Link::UNLINKED,
             });
-            if blk.next != NIL {
-                self.blocks[blk.next as usize].prev = f;
-            }
-            self.blocks[b as usize].next = f;
         }
         {
             let (page, off) = self.locate(g);
@@ -197,11 +216,7 @@ impl Pool {
             u.off = left.off;
             u.len += left.len;
             u.prev = left.prev;
-            if left.prev != NIL {
-                self.blocks[left.prev as usize].next = b;
-            } else {
-                self.page_first[left.page as usize] = b;
-            }
+            self.link_from(left.prev, left.page, b);
             self.drop_block(l);
         }
         let next = self.blocks[b as usize].next;
@@ -220,9 +235,7 @@ impl Pool {
         let u = &mut self.blocks[b as usize];
         u.len += right.len;
         u.next = right.next;
-        if right.next != NIL {
-            self.blocks[right.next as usize].prev = b;
-        }
+        self.link_to(right.next, b);
         self.drop_block(nx);
     }
 
@@ -293,9 +306,7 @@ impl Pool {
             } else {
                 self.new_block(r)
             };
-            if blk.next != NIL {
-                self.blocks[blk.next as usize].prev = r;
-            }
+            self.link_to(blk.next, r);
             self.page_to(p1, PageKind::Large, r);
             self.insert_free(r);
             right_block = r;

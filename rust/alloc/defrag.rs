@@ -157,11 +157,7 @@ impl Pool {
         }
         if fb.len == d {
             self.blocks[h as usize].prev = fb.prev;
-            if fb.prev != NIL {
-                self.blocks[fb.prev as usize].next = h;
-            } else {
-                self.page_first[fb.page as usize] = h;
-            }
+            self.link_from(fb.prev, fb.page, h);
             self.drop_block(f);
         } else {
             self.blocks[f as usize].len -= d;
@@ -179,7 +175,7 @@ impl Pool {
             nb.len += d;
             self.insert_free(n);
         } else {
-            let n = self.new_block(Block {
+            let n = self.insert_block(Block {
                 page,
                 off,
                 len: d,
@@ -190,10 +186,6 @@ impl Pool {
                 binsec: 0,
                 links: Link::UNLINKED,
             });
-            if tb.next != NIL {
-                self.blocks[tb.next as usize].prev = n;
-            }
-            self.blocks[t as usize].next = n;
             self.insert_free(n);
         }
         self.relocated(a, Layout::Stitched(i), old, new, report);
@@ -237,17 +229,11 @@ impl Pool {
             let y = &mut self.blocks[f as usize];
             (y.page, y.off, y.prev, y.next) = (fp, fo, u, ub.next);
         }
-        if fb.prev != NIL {
-            self.blocks[fb.prev as usize].next = u;
-        } else {
-            self.page_first[fb.page as usize] = u;
-        }
-        if ub.next != NIL {
-            self.blocks[ub.next as usize].prev = f;
-            if self.binned_free(ub.next) {
-                self.remove_free(ub.next);
-                self.absorb_next(f);
-            }
+        self.link_from(fb.prev, fb.page, u);
+        self.link_to(ub.next, f);
+        if ub.next != NIL && self.binned_free(ub.next) {
+            self.remove_free(ub.next);
+            self.absorb_next(f);
         }
         // (binned, not settled: a pool that releases at once would split the segment here;
         // `defrag` and the way to out of memory reclaim the whole pages afterwards)

@@ -49,9 +49,7 @@ impl Pool {
                     } else {
                         self.page_to(orig.page, PageKind::Large, b);
                     }
-                    if orig.next != NIL {
-                        self.blocks[orig.next as usize].prev = b;
-                    }
+                    self.link_to(orig.next, b);
                     if right != NIL || orig.next != NIL {
                         // p1 is inside the segment again
                         self.page_to(p1, PageKind::Covered, NIL);
