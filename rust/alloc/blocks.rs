@@ -5,9 +5,6 @@
 use super::*;
 
 impl Pool {
-    // --------------------------------------------------------------------------------------
-    // Blocks
-
     #[inline]
     pub(super) fn new_block(&mut self, b: Block) -> u32 {
         if let Some(i) = self.vacant_blocks.pop() {
@@ -375,9 +372,6 @@ impl Pool {
             self.settle_free(s);
         }
     }
-
-    // --------------------------------------------------------------------------------------
-    // Placement
 
     pub(super) fn block_len(&self) -> impl Fn(u32) -> u32 + '_ {
         |i| self.blocks[i as usize].len

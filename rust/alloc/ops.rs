@@ -26,9 +26,6 @@ impl Pool {
         ))
     }
 
-    // --------------------------------------------------------------------------------------
-    // Public operations
-
     /// Allocates `req.size` bytes. On failure nothing is allocated; the error says why.
     pub fn alloc(&mut self, req: Request) -> Result<(AllocId, u64)> {
         self.alloc_req(req, true)

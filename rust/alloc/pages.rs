@@ -4,9 +4,6 @@
 use super::*;
 
 impl Pool {
-    // --------------------------------------------------------------------------------------
-    // Pages
-
     /// Takes `n` pages from the device into the free pages: all of them, or none at the
     /// pool's maximum or when the device has fewer (the PMM's batch is all or nothing).
     pub(super) fn grow(&mut self, n: u32) -> bool {

@@ -4,9 +4,6 @@
 use super::*;
 
 impl Pool {
-    // --------------------------------------------------------------------------------------
-    // Allocation slots
-
     #[inline]
     pub(super) fn new_slot(&mut self) -> u32 {
         if let Some(i) = self.vacant_allocs.pop() {
