@@ -10,7 +10,16 @@
 //!
 //! `GOLDEN_EVENTS` names a folder of `NAME.txt` event files, one event a line: `a PTR SIZE
 //! STREAM` (an allocation the trace placed at PTR) or `f PTR` (its free), the start state's
-//! live blocks first (written from `gpumm.traces.read_traces` over `../shared/traces/`).
+//! live blocks first, written from `gpumm.traces.read_traces` over `../shared/traces/`:
+//!
+//! ```text
+//! for path in glob("../shared/traces/*.csv.gz") + glob("../shared/traces/**/*.pickle"):
+//!     for k, t in enumerate(read_traces(path)):
+//!         lines = [f"a {a} {r} {s}" for (a, r, _, s) in (t.start.blocks if t.start else [])]
+//!         lines += [f"a {e.ptr} {e.size} {e.stream}" if e.action == "alloc" else f"f {e.ptr}"
+//!                   for e in t.events if e.action in ("alloc", "free")]
+//!         write(f"{stem(path)}.{k}.txt", lines)
+//! ```
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
