@@ -30,7 +30,7 @@ use std::path::Path;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
-use super::tests::{device, ids_of, op, stream_pool, Op, MIB};
+use super::tests::{device, drain_ptrs, ids_of, op, stream_pool, Op, MIB};
 use super::*;
 
 /// The statistics without the measured latencies (times differ from run to run).
@@ -92,13 +92,7 @@ fn random_stream(seed: u8, out: &mut String) {
                 format!("{r:?} {v:?}")
             }
             Op::FreeBatch(i, n) if !live.is_empty() => {
-                let i = i % live.len();
-                let n = n.min(live.len() - i);
-                let ptrs: Vec<u64> = live[i..i + n]
-                    .iter()
-                    .map(|&id| p.info(id).unwrap().ptr)
-                    .collect();
-                live.drain(i..i + n);
+                let ptrs = drain_ptrs(&p, &mut live, i, n);
                 format!("{:?}", p.free_batch(&ptrs))
             }
             Op::FreeLastBatch => {

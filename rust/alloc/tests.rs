@@ -1380,6 +1380,16 @@ pub(super) fn stream_pool(threshold: bool) -> Pool {
     Pool::new(device(128 * MIB), cfg).unwrap()
 }
 
+/// The pointers of up to `n` of the `live` allocations from position `i` (modulo their
+/// number) on, which leave `live`.
+pub(super) fn drain_ptrs(p: &Pool, live: &mut Vec<AllocId>, i: usize, n: usize) -> Vec<u64> {
+    let i = i % live.len();
+    let n = n.min(live.len() - i);
+    live.drain(i..i + n)
+        .map(|id| p.info(id).unwrap().ptr)
+        .collect()
+}
+
 /// The handles of the allocations at pointers `out`.
 pub(super) fn ids_of(p: &Pool, out: &[u64]) -> Vec<AllocId> {
     let by_ptr: HashMap<u64, AllocId> = p.allocations().iter().map(|x| (x.ptr, x.id)).collect();
@@ -1447,14 +1457,8 @@ proptest! {
                 }
                 Op::FreeBatch(i, n) if !live.is_empty() => {
                     // up to n allocations from position i on, freed together by pointer
-                    let i = i % live.len();
-                    let n = n.min(live.len() - i);
-                    let ptrs: Vec<u64> = live[i..i + n]
-                        .iter()
-                        .map(|&id| p.info(id).unwrap().ptr)
-                        .collect();
+                    let ptrs = drain_ptrs(&p, &mut live, i, n);
                     p.free_batch(&ptrs).unwrap();
-                    live.drain(i..i + n);
                 }
                 Op::FreeLastBatch => {
                     while let Some(ids) = batches.pop() {
