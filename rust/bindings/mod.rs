@@ -17,6 +17,7 @@ mod capi;
 mod pool;
 mod recycle;
 mod replay;
+mod traces;
 mod uvm;
 
 // ------------------------------------------------------------------------------------------
@@ -578,6 +579,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
     m.add_function(wrap_pyfunction!(capi::_set_c_pool, m)?)?;
     replay::register(m)?;
+    traces::register(m)?;
     uvm::register(m)?;
     m.add_function(wrap_pyfunction!(py_parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(py_format_size, m)?)?;

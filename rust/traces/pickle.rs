@@ -1,0 +1,746 @@
+//! A pickle reader for plain data only: the opcodes of protocols 0–5 that build `None`,
+//! booleans, numbers, strings, bytes, lists, tuples, dicts and sets. Every opcode that imports
+//! or calls (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ`,
+//! `NEWOBJ_EX`, `EXT1/2/4`, `PERSID`, `BINPERSID`) and out-of-band buffers are refused with
+//! an error naming it (and, for the globals, the module and name asked for). No length field
+//! may run past the end of the input and no memo index may exceed the opcodes read so far, so
+//! a small file cannot ask for a large allocation (the memory bombs in tests/fuzz/regressions).
+//!
+//! Containers are built on the stack and frozen (`Rc`) when they are put into their parent,
+//! so memo references share them as Python's unpickler does. With `compact` set, two shapes
+//! are stored smaller as they complete: a frame dict (`filename`, `line`, `name`) becomes an
+//! interned frame, a list of them an interned stack, and a trace entry dict (one with a string
+//! `action`) one row of [`Entries`]; everything else stays a plain value.
+
+use std::sync::Arc as Rc;
+
+use rustc_hash::FxHashMap;
+
+use super::entries::Entries;
+use super::TraceError;
+
+/// A value of the pickle. Strings are indices into [`Loaded::strings`].
+#[derive(Clone, Debug)]
+pub enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An integer outside `i64`: its little-endian two's-complement bytes (pickle's LONG).
+    BigInt(Rc<[u8]>),
+    Float(f64),
+    Str(u32),
+    Bytes(Rc<[u8]>),
+    List(Rc<Vec<Value>>),
+    Tuple(Rc<Vec<Value>>),
+    Dict(Rc<Vec<(Value, Value)>>),
+    Set(Rc<Vec<Value>>, bool),
+    /// A frame dict, interned: index into [`Loaded::frames`] (compact mode).
+    Frame(u32),
+    /// A list of frame dicts, interned: index into [`Loaded::stacks`] (compact mode).
+    Stack(u32),
+    /// A trace entry: a row of [`Loaded::entries`] (compact mode).
+    Entry(u32),
+}
+
+/// A loaded pickle: the root value and the tables its values refer to.
+pub struct Loaded {
+    pub root: Value,
+    pub strings: Vec<Box<str>>,
+    /// (filename, line, name) of each interned frame
+    pub frames: Vec<(u32, i64, u32)>,
+    /// frame indices of each interned stack
+    pub stacks: Vec<Box<[u32]>>,
+    pub entries: Entries,
+}
+
+impl Loaded {
+    pub fn str(&self, i: u32) -> &str {
+        &self.strings[i as usize]
+    }
+
+    /// The string value `v` holds, if it is one.
+    pub fn as_str<'a>(&'a self, v: &Value) -> Option<&'a str> {
+        match v {
+            Value::Str(i) => Some(self.str(*i)),
+            _ => None,
+        }
+    }
+
+    /// `d[key]` of a dict value (the last entry with that key, as Python's dict keeps).
+    pub fn get<'a>(&self, d: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
+        d.iter()
+            .rev()
+            .find(|(k, _)| self.as_str(k) == Some(key))
+            .map(|(_, v)| v)
+    }
+}
+
+enum Item {
+    Done(Value),
+    List(Vec<Value>, Option<u32>),
+    Dict(Vec<(Value, Value)>, Option<u32>),
+    Set(Vec<Value>, Option<u32>),
+    Mark,
+}
+
+#[derive(Clone)]
+enum Memo {
+    Empty,
+    /// a container still being built (its final value is stored when it completes)
+    Pending,
+    Value(Value),
+}
+
+const REFUSED: &[(u8, &str)] = &[
+    (b'c', "GLOBAL"),
+    (0x93, "STACK_GLOBAL"),
+    (b'i', "INST"),
+    (b'o', "OBJ"),
+    (b'R', "REDUCE"),
+    (0x81, "NEWOBJ"),
+    (0x92, "NEWOBJ_EX"),
+    (0x82, "EXT1"),
+    (0x83, "EXT2"),
+    (0x84, "EXT4"),
+    (b'b', "BUILD"),
+    (b'P', "PERSID"),
+    (b'Q', "BINPERSID"),
+    (0x97, "NEXT_BUFFER"),
+    (0x98, "READONLY_BUFFER"),
+];
+
+struct Vm<'a> {
+    data: &'a [u8],
+    pos: usize,
+    ops: usize,
+    stack: Vec<Item>,
+    memo: Vec<Memo>,
+    strings: Vec<Box<str>>,
+    string_ids: FxHashMap<Box<str>, u32>,
+    frames: Vec<(u32, i64, u32)>,
+    frame_ids: FxHashMap<(u32, i64, u32), u32>,
+    stacks: Vec<Box<[u32]>>,
+    stack_ids: FxHashMap<Box<[u32]>, u32>,
+    entries: Entries,
+    compact: bool,
+    /// the last two strings pushed, to name a STACK_GLOBAL's module and name
+    last_strs: [Option<u32>; 2],
+    keys: Keys,
+}
+
+/// Interned ids of the keys the compact shapes are recognised by.
+#[derive(Default)]
+struct Keys {
+    filename: u32,
+    line: u32,
+    name: u32,
+}
+
+const SHARED: &str =
+    "a container changed after it was referenced again (a structure that holds itself: not plain data)";
+
+fn err<T>(msg: impl Into<String>) -> Result<T, TraceError> {
+    Err(TraceError(msg.into()))
+}
+
+/// Loads `data`, a pickle of plain data. `compact`: store frames, stacks and trace entries
+/// in their compact forms (for reading a snapshot); without it the value is exactly what
+/// Python's unpickler would build.
+pub fn load(data: &[u8], compact: bool) -> Result<Loaded, TraceError> {
+    let mut vm = Vm {
+        data,
+        pos: 0,
+        ops: 0,
+        stack: Vec::new(),
+        memo: Vec::new(),
+        strings: Vec::new(),
+        string_ids: FxHashMap::default(),
+        frames: Vec::new(),
+        frame_ids: FxHashMap::default(),
+        stacks: Vec::new(),
+        stack_ids: FxHashMap::default(),
+        entries: Entries::default(),
+        compact,
+        last_strs: [None, None],
+        keys: Keys::default(),
+    };
+    vm.keys = Keys {
+        filename: vm.intern("filename"),
+        line: vm.intern("line"),
+        name: vm.intern("name"),
+    };
+    vm.entries
+        .init_keys(&mut |s| vm_intern(&mut vm.strings, &mut vm.string_ids, s));
+    let root = vm.run()?;
+    Ok(Loaded {
+        root,
+        strings: vm.strings,
+        frames: vm.frames,
+        stacks: vm.stacks,
+        entries: vm.entries,
+    })
+}
+
+fn vm_intern(strings: &mut Vec<Box<str>>, ids: &mut FxHashMap<Box<str>, u32>, s: &str) -> u32 {
+    if let Some(&i) = ids.get(s) {
+        return i;
+    }
+    let i = strings.len() as u32;
+    strings.push(s.into());
+    ids.insert(s.into(), i);
+    i
+}
+
+impl<'a> Vm<'a> {
+    fn intern(&mut self, s: &str) -> u32 {
+        vm_intern(&mut self.strings, &mut self.string_ids, s)
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], TraceError> {
+        let left = self.data.len() - self.pos;
+        if n > left {
+            return err(format!(
+                "{what} of {n} bytes at offset {} runs past the end of the file ({left} left)",
+                self.pos
+            ));
+        }
+        let data: &'a [u8] = self.data;
+        let s = &data[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn u8(&mut self) -> Result<u8, TraceError> {
+        Ok(self.take(1, "an opcode argument")?[0])
+    }
+
+    fn le(&mut self, n: usize) -> Result<u64, TraceError> {
+        let b = self.take(n, "an opcode argument")?;
+        let mut v = 0u64;
+        for (i, &x) in b.iter().enumerate() {
+            v |= (x as u64) << (8 * i);
+        }
+        Ok(v)
+    }
+
+    fn line(&mut self) -> Result<&'a [u8], TraceError> {
+        let data: &'a [u8] = self.data;
+        let rest = &data[self.pos..];
+        match rest.iter().position(|&c| c == b'\n') {
+            Some(n) => {
+                self.pos += n + 1;
+                Ok(&rest[..n])
+            }
+            None => err("a text argument without its newline at the end of the file"),
+        }
+    }
+
+    fn push(&mut self, v: Value) {
+        if let Value::Str(i) = v {
+            self.last_strs = [self.last_strs[1], Some(i)];
+        }
+        self.stack.push(Item::Done(v));
+    }
+
+    fn text(&mut self, bytes: &[u8]) -> Result<Value, TraceError> {
+        let s = std::str::from_utf8(bytes)
+            .map_err(|e| TraceError(format!("a string that is not UTF-8 ({e})")))?
+            .to_owned();
+        Ok(Value::Str(self.intern(&s)))
+    }
+
+    /// Freezes the stack item into a value (compacting it in compact mode) and records it
+    /// in the memo slot it was memoized under.
+    fn finish(&mut self, item: Item) -> Result<Value, TraceError> {
+        let (v, slot) = match item {
+            Item::Done(v) => return Ok(v),
+            Item::Mark => return err("a MARK where a value was expected"),
+            Item::List(l, slot) => (self.compact_list(l), slot),
+            Item::Dict(d, slot) => (self.compact_dict(d), slot),
+            Item::Set(s, slot) => (Value::Set(Rc::new(s), false), slot),
+        };
+        if let Some(i) = slot {
+            self.memo[i as usize] = Memo::Value(v.clone());
+        }
+        Ok(v)
+    }
+
+    fn compact_list(&mut self, l: Vec<Value>) -> Value {
+        if self.compact && !l.is_empty() && l.iter().all(|v| matches!(v, Value::Frame(_))) {
+            let ids: Box<[u32]> = l
+                .iter()
+                .map(|v| match v {
+                    Value::Frame(f) => *f,
+                    _ => unreachable!("checked above"),
+                })
+                .collect();
+            if let Some(&i) = self.stack_ids.get(&ids) {
+                return Value::Stack(i);
+            }
+            let i = self.stacks.len() as u32;
+            self.stacks.push(ids.clone());
+            self.stack_ids.insert(ids, i);
+            return Value::Stack(i);
+        }
+        Value::List(Rc::new(l))
+    }
+
+    fn compact_dict(&mut self, d: Vec<(Value, Value)>) -> Value {
+        if !self.compact {
+            return Value::Dict(Rc::new(d));
+        }
+        if d.len() == 3 {
+            let (mut file, mut line, mut name) = (None, None, None);
+            for (k, v) in &d {
+                match (k, v) {
+                    (Value::Str(k), Value::Str(s)) if *k == self.keys.filename => file = Some(*s),
+                    (Value::Str(k), Value::Int(n)) if *k == self.keys.line => line = Some(*n),
+                    (Value::Str(k), Value::Str(s)) if *k == self.keys.name => name = Some(*s),
+                    _ => {}
+                }
+            }
+            if let (Some(f), Some(l), Some(n)) = (file, line, name) {
+                let key = (f, l, n);
+                let i = match self.frame_ids.get(&key) {
+                    Some(&i) => i,
+                    None => {
+                        let i = self.frames.len() as u32;
+                        self.frames.push(key);
+                        self.frame_ids.insert(key, i);
+                        i
+                    }
+                };
+                return Value::Frame(i);
+            }
+        }
+        if let Some(row) = self.entries.push_dict(&d) {
+            return Value::Entry(row);
+        }
+        Value::Dict(Rc::new(d))
+    }
+
+    fn pop_value(&mut self) -> Result<Value, TraceError> {
+        match self.stack.pop() {
+            Some(item) => self.finish(item),
+            None => err("an opcode that pops from an empty stack"),
+        }
+    }
+
+    /// The values above the topmost MARK, and the MARK removed.
+    fn pop_mark(&mut self) -> Result<Vec<Value>, TraceError> {
+        let at = self
+            .stack
+            .iter()
+            .rposition(|i| matches!(i, Item::Mark))
+            .ok_or_else(|| TraceError("an opcode that needs a MARK without one".into()))?;
+        let items: Vec<Item> = self.stack.drain(at + 1..).collect();
+        self.stack.pop();
+        items.into_iter().map(|i| self.finish(i)).collect()
+    }
+
+    fn memo_put(&mut self, i: u64) -> Result<(), TraceError> {
+        if i > self.ops as u64 {
+            return err(format!("memo index {i} after only {} opcodes", self.ops));
+        }
+        let i = i as usize;
+        if i >= self.memo.len() {
+            self.memo.resize(i + 1, Memo::Empty);
+        }
+        match self.stack.last_mut() {
+            Some(Item::Done(v)) => self.memo[i] = Memo::Value(v.clone()),
+            Some(Item::List(_, slot) | Item::Dict(_, slot) | Item::Set(_, slot)) => {
+                *slot = Some(i as u32);
+                self.memo[i] = Memo::Pending;
+            }
+            _ => return err("a memo store with nothing to store"),
+        }
+        Ok(())
+    }
+
+    fn memo_get(&mut self, i: u64) -> Result<(), TraceError> {
+        match self.memo.get(i as usize) {
+            Some(Memo::Value(v)) => {
+                let v = v.clone();
+                self.push(v);
+                Ok(())
+            }
+            Some(Memo::Pending) => {
+                // a container referenced again before its parent took it (Python's pickler
+                // writes `{"a": x, "b": x}` so): it is complete, so freeze it where it lies
+                let k = self.stack.iter().rposition(|it| match it {
+                    Item::List(_, s) | Item::Dict(_, s) | Item::Set(_, s) => *s == Some(i as u32),
+                    _ => false,
+                });
+                let Some(k) = k else {
+                    return err(format!("memo {i} was never stored"));
+                };
+                let item = std::mem::replace(&mut self.stack[k], Item::Mark);
+                let v = self.finish(item)?;
+                self.stack[k] = Item::Done(v.clone());
+                self.push(v);
+                Ok(())
+            }
+            _ => err(format!("memo {i} was never stored")),
+        }
+    }
+
+    fn append(&mut self, items: Vec<Value>) -> Result<(), TraceError> {
+        match self.stack.last_mut() {
+            Some(Item::List(l, _)) => {
+                l.extend(items);
+                Ok(())
+            }
+            Some(Item::Done(Value::List(l))) => match Rc::get_mut(l) {
+                Some(l) => {
+                    l.extend(items);
+                    Ok(())
+                }
+                None => err(SHARED),
+            },
+            _ => err("APPEND to something that is not a list"),
+        }
+    }
+
+    fn setitems(&mut self, items: Vec<Value>) -> Result<(), TraceError> {
+        if items.len() % 2 != 0 {
+            return err("SETITEMS with an odd number of values");
+        }
+        let top = self.stack.last_mut();
+        let d = match top {
+            Some(Item::Dict(d, _)) => Some(d),
+            Some(Item::Done(Value::Dict(d))) => match Rc::get_mut(d) {
+                Some(d) => Some(d),
+                None => return err(SHARED),
+            },
+            _ => None,
+        };
+        match d {
+            Some(d) => {
+                let mut it = items.into_iter();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    if matches!(
+                        k,
+                        Value::List(_) | Value::Dict(_) | Value::Set(_, false) | Value::Stack(_)
+                    ) {
+                        return err("a dict key that is not hashable");
+                    }
+                    d.push((k, v));
+                }
+                Ok(())
+            }
+            _ => err("SETITEM on something that is not a dict"),
+        }
+    }
+
+    fn refuse(&self, op: u8, name: &str) -> Result<Value, TraceError> {
+        let what = match op {
+            b'c' | b'i' => {
+                // GLOBAL/INST: "module\nname\n" follow the opcode
+                let rest = &self.data[self.pos..];
+                let mut parts = rest.splitn(3, |&c| c == b'\n');
+                match (parts.next(), parts.next()) {
+                    (Some(m), Some(n)) => format!(
+                        " {}.{}",
+                        String::from_utf8_lossy(m),
+                        String::from_utf8_lossy(n)
+                    ),
+                    _ => String::new(),
+                }
+            }
+            0x93 => match self.last_strs {
+                [Some(m), Some(n)] => {
+                    format!(" {}.{}", self.strings[m as usize], self.strings[n as usize])
+                }
+                _ => String::new(),
+            },
+            _ => String::new(),
+        };
+        err(format!(
+            "refused to load the global{what} ({name}: snapshots are plain data; a pickle \
+             that imports anything could run code)"
+        ))
+    }
+
+    fn run(&mut self) -> Result<Value, TraceError> {
+        loop {
+            let op = self
+                .u8()
+                .map_err(|_| TraceError("the pickle ends before its STOP".into()))?;
+            self.ops += 1;
+            if let Some(&(_, name)) = REFUSED.iter().find(|(c, _)| *c == op) {
+                return self.refuse(op, name);
+            }
+            match op {
+                0x80 => {
+                    let p = self.u8()?;
+                    if p > 5 {
+                        return err(format!("unsupported pickle protocol {p}"));
+                    }
+                }
+                0x95 => {
+                    self.le(8)?; // FRAME: a length hint only
+                }
+                b'.' => {
+                    let v = self.pop_value()?;
+                    if !self.stack.is_empty() {
+                        return err("values left on the stack at STOP");
+                    }
+                    return Ok(v);
+                }
+                b'(' => self.stack.push(Item::Mark),
+                b'0' => {
+                    self.pop_value()?;
+                }
+                b'1' => {
+                    self.pop_mark()?;
+                }
+                b'2' => {
+                    let v = match self.stack.last() {
+                        Some(Item::Done(v)) => v.clone(),
+                        _ => return err("DUP of a container being built or of nothing"),
+                    };
+                    self.push(v);
+                }
+                b'N' => self.push(Value::None),
+                0x88 => self.push(Value::Bool(true)),
+                0x89 => self.push(Value::Bool(false)),
+                b'J' => {
+                    let v = self.le(4)? as u32 as i32;
+                    self.push(Value::Int(v as i64));
+                }
+                b'K' => {
+                    let v = self.u8()?;
+                    self.push(Value::Int(v as i64));
+                }
+                b'M' => {
+                    let v = self.le(2)?;
+                    self.push(Value::Int(v as i64));
+                }
+                0x8a | 0x8b => {
+                    let n = if op == 0x8a {
+                        self.u8()? as usize
+                    } else {
+                        self.le(4)? as usize
+                    };
+                    let b = self.take(n, "a LONG")?.to_vec();
+                    self.push(long(&b));
+                }
+                b'I' | b'L' => {
+                    let t = String::from_utf8_lossy(self.line()?).trim().to_string();
+                    let t = t.strip_suffix('L').unwrap_or(&t);
+                    let v = match t {
+                        "01" if op == b'I' => Value::Bool(true),
+                        "00" if op == b'I' => Value::Bool(false),
+                        _ => match t.parse::<i64>() {
+                            Ok(n) => Value::Int(n),
+                            Err(_) => return err(format!("a bad integer {t:?}")),
+                        },
+                    };
+                    self.push(v);
+                }
+                b'G' => {
+                    let b = self.take(8, "a BINFLOAT")?;
+                    let v = f64::from_be_bytes(b.try_into().expect("8 bytes"));
+                    self.push(Value::Float(v));
+                }
+                b'F' => {
+                    let t = String::from_utf8_lossy(self.line()?).trim().to_string();
+                    let v = t
+                        .parse::<f64>()
+                        .map_err(|_| TraceError(format!("a bad float {t:?}")))?;
+                    self.push(Value::Float(v));
+                }
+                b'X' | 0x8c | 0x8d => {
+                    let n = match op {
+                        0x8c => self.u8()? as usize,
+                        b'X' => self.le(4)? as usize,
+                        _ => usize::try_from(self.le(8)?).unwrap_or(usize::MAX),
+                    };
+                    let b = self.take(n, "a string")?;
+                    let v = self.text(b)?;
+                    self.push(v);
+                }
+                b'V' => {
+                    let b = self.line()?.to_vec();
+                    let s = raw_unicode_escape(&b)?;
+                    let v = Value::Str(self.intern(&s));
+                    self.push(v);
+                }
+                b'T' | b'U' => {
+                    // Python 2 str: Python 3 decodes it as ASCII by default
+                    let n = if op == b'U' {
+                        self.u8()? as usize
+                    } else {
+                        self.le(4)? as usize
+                    };
+                    let b = self.take(n, "a string")?;
+                    if !b.is_ascii() {
+                        return err("a Python 2 string that is not ASCII");
+                    }
+                    let v = self.text(b)?;
+                    self.push(v);
+                }
+                b'S' => {
+                    let b = self.line()?.to_vec();
+                    let t = String::from_utf8_lossy(&b);
+                    let t = t.trim();
+                    let inner = t
+                        .strip_prefix('\'')
+                        .and_then(|s| s.strip_suffix('\''))
+                        .or_else(|| t.strip_prefix('"').and_then(|s| s.strip_suffix('"')))
+                        .ok_or_else(|| TraceError("a STRING without quotes".into()))?;
+                    if inner.contains('\\') || !inner.is_ascii() {
+                        return err("a STRING with escapes (not read)");
+                    }
+                    let v = Value::Str(self.intern(inner));
+                    self.push(v);
+                }
+                b'B' | b'C' | 0x8e | 0x96 => {
+                    let n = match op {
+                        b'C' => self.u8()? as usize,
+                        b'B' => self.le(4)? as usize,
+                        _ => usize::try_from(self.le(8)?).unwrap_or(usize::MAX),
+                    };
+                    let b: Rc<[u8]> = self.take(n, "a bytes object")?.into();
+                    self.push(Value::Bytes(b));
+                }
+                b']' => self.stack.push(Item::List(Vec::new(), None)),
+                b'l' => {
+                    let items = self.pop_mark()?;
+                    self.stack.push(Item::List(items, None));
+                }
+                b'a' => {
+                    let v = self.pop_value()?;
+                    self.append(vec![v])?;
+                }
+                b'e' => {
+                    let items = self.pop_mark()?;
+                    self.append(items)?;
+                }
+                b')' => self.push(Value::Tuple(Rc::new(Vec::new()))),
+                b't' => {
+                    let items = self.pop_mark()?;
+                    self.push(Value::Tuple(Rc::new(items)));
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    if self.stack.len() < n {
+                        return err("a TUPLE of more values than the stack holds");
+                    }
+                    let mut items = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        items.push(self.pop_value()?);
+                    }
+                    items.reverse();
+                    self.push(Value::Tuple(Rc::new(items)));
+                }
+                b'}' => self.stack.push(Item::Dict(Vec::new(), None)),
+                b'd' => {
+                    let items = self.pop_mark()?;
+                    self.stack.push(Item::Dict(Vec::new(), None));
+                    self.setitems(items)?;
+                }
+                b's' => {
+                    let v = self.pop_value()?;
+                    let k = self.pop_value()?;
+                    self.setitems(vec![k, v])?;
+                }
+                b'u' => {
+                    let items = self.pop_mark()?;
+                    self.setitems(items)?;
+                }
+                0x8f => self.stack.push(Item::Set(Vec::new(), None)),
+                0x90 => {
+                    let items = self.pop_mark()?;
+                    match self.stack.last_mut() {
+                        Some(Item::Set(s, _)) => s.extend(items),
+                        _ => return err("ADDITEMS to something that is not a set"),
+                    }
+                }
+                0x91 => {
+                    let items = self.pop_mark()?;
+                    self.push(Value::Set(Rc::new(items), true));
+                }
+                b'p' => {
+                    let t = String::from_utf8_lossy(self.line()?).trim().to_string();
+                    let i = t
+                        .parse::<u64>()
+                        .map_err(|_| TraceError(format!("a bad memo index {t:?}")))?;
+                    self.memo_put(i)?;
+                }
+                b'q' => {
+                    let i = self.u8()? as u64;
+                    self.memo_put(i)?;
+                }
+                b'r' => {
+                    let i = self.le(4)?;
+                    self.memo_put(i)?;
+                }
+                0x94 => {
+                    let i = self.memo.len() as u64;
+                    self.memo_put(i)?;
+                }
+                b'g' => {
+                    let t = String::from_utf8_lossy(self.line()?).trim().to_string();
+                    let i = t
+                        .parse::<u64>()
+                        .map_err(|_| TraceError(format!("a bad memo index {t:?}")))?;
+                    self.memo_get(i)?;
+                }
+                b'h' => {
+                    let i = self.u8()? as u64;
+                    self.memo_get(i)?;
+                }
+                b'j' => {
+                    let i = self.le(4)?;
+                    self.memo_get(i)?;
+                }
+                _ => {
+                    return err(format!(
+                        "unknown pickle opcode {op:#04x} at offset {}",
+                        self.pos - 1
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// A LONG1/LONG4 payload (little-endian two's complement) as a value.
+fn long(b: &[u8]) -> Value {
+    if b.is_empty() {
+        return Value::Int(0);
+    }
+    if b.len() <= 8 {
+        let neg = b[b.len() - 1] & 0x80 != 0;
+        let mut buf = [if neg { 0xff } else { 0 }; 8];
+        buf[..b.len()].copy_from_slice(b);
+        return Value::Int(i64::from_le_bytes(buf));
+    }
+    Value::BigInt(b.into())
+}
+
+/// Decodes pickle's raw-unicode-escape text (protocol 0's UNICODE): `\uXXXX` and
+/// `\UXXXXXXXX` escapes, every other byte a Latin-1 character.
+fn raw_unicode_escape(b: &[u8]) -> Result<String, TraceError> {
+    let mut out = String::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'\\' && i + 1 < b.len() && (b[i + 1] == b'u' || b[i + 1] == b'U') {
+            let n = if b[i + 1] == b'u' { 4 } else { 8 };
+            let hex = b
+                .get(i + 2..i + 2 + n)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .and_then(char::from_u32)
+                .ok_or_else(|| TraceError("a bad \\u escape in a UNICODE string".into()))?;
+            out.push(hex);
+            i += 2 + n;
+        } else {
+            out.push(c as char);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
