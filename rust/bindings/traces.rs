@@ -43,8 +43,12 @@ fn guarded<T: Send>(
     }
 }
 
-fn read_file(name: &str) -> Result<Vec<u8>, TraceError> {
-    std::fs::read(name).map_err(|e| TraceError(format!("{name}: cannot read: {e}")))
+/// A pickle file loaded as it is read (its bytes are never held whole).
+fn load_file(name: &str, compact: bool) -> Result<Loaded, TraceError> {
+    let cannot = |e: std::io::Error| TraceError(format!("{name}: cannot read: {e}"));
+    let f = std::fs::File::open(name).map_err(cannot)?;
+    let len = f.metadata().map_err(cannot)?.len() as usize;
+    pickle::load_from(std::io::BufReader::with_capacity(1 << 16, f), len, compact)
 }
 
 /// One device's events in columns, with its start state and stack table.
@@ -260,7 +264,8 @@ impl PySnapshot {
         let mut conv = Converter::new(&self.loaded);
         for i in indices {
             if let Some(s) = segs.get(i) {
-                out.append(conv.py(py, s)?)?;
+                let v = conv.py(py, s).map_err(|e| not_plain(py, &self.name, e))?;
+                out.append(v)?;
             }
         }
         Ok(out)
@@ -270,7 +275,9 @@ impl PySnapshot {
     fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
         let l = &self.loaded;
         match snapshot::root_dict(l).and_then(|d| l.get(d, key)) {
-            Some(v) => Converter::new(l).py(py, v),
+            Some(v) => Converter::new(l)
+                .py(py, v)
+                .map_err(|e| not_plain(py, &self.name, e)),
             None => Ok(py.None().into_bound(py)),
         }
     }
@@ -281,8 +288,7 @@ impl PySnapshot {
 pub fn read_snapshot(py: Python<'_>, path: String) -> PyResult<PySnapshot> {
     let name = path.clone();
     let loaded = guarded(py, &path, move || {
-        let raw = read_file(&name)?;
-        let l = pickle::load(&raw, true)
+        let l = load_file(&name, true)
             .map_err(|e| TraceError(format!("{name}: not a readable snapshot pickle: {}", e.0)))?;
         snapshot::segments(&l, &name)?;
         Ok(l)
@@ -298,22 +304,23 @@ pub fn read_snapshot(py: Python<'_>, path: String) -> PyResult<PySnapshot> {
 pub fn load_pickle<'py>(py: Python<'py>, path: String) -> PyResult<Bound<'py, PyAny>> {
     let name = path.clone();
     let loaded = guarded(py, &path, move || {
-        let raw = read_file(&name)?;
-        pickle::load(&raw, false)
+        load_file(&name, false)
             .map_err(|e| TraceError(format!("{name}: not a readable snapshot pickle: {}", e.0)))
     })?;
-    Converter::new(&loaded).py(py, &loaded.root)
+    let r = Converter::new(&loaded).py(py, &loaded.root);
+    r.map_err(|e| not_plain(py, &path, e))
+}
+
+/// A value Python cannot build (a dict key that is not hashable...) as a format error.
+fn not_plain(py: Python<'_>, name: &str, e: PyErr) -> PyErr {
+    format_error(py, format!("{name}: not a readable snapshot pickle: {e}"))
 }
 
 /// Reads an RMM log CSV (plain or gzip).
 #[pyfunction]
 pub fn read_rmm(py: Python<'_>, path: String) -> PyResult<PyTraceLog> {
     let name = path.clone();
-    let log = guarded(py, &path, move || {
-        let raw = read_file(&name)?;
-        let data = rmm::decompress(raw, &name)?;
-        rmm::read(&data, &name)
-    })?;
+    let log = guarded(py, &path, move || rmm::read_file(&name))?;
     Ok(PyTraceLog { log, start: None })
 }
 
@@ -355,10 +362,15 @@ impl<'a> Converter<'a> {
             Value::None => py.None().into_bound(py),
             Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
             Value::Int(n) => n.into_pyobject(py)?.into_any(),
-            Value::BigInt(b) => py
-                .import("builtins")?
-                .getattr("int")?
-                .call_method1("from_bytes", (PyBytes::new(py, b), "little", true))?,
+            Value::BigInt(b) => {
+                let kw = PyDict::new(py);
+                kw.set_item("signed", true)?;
+                py.import("builtins")?.getattr("int")?.call_method(
+                    "from_bytes",
+                    (PyBytes::new(py, b), "little"),
+                    Some(&kw),
+                )?
+            }
             Value::Float(f) => f.into_pyobject(py)?.into_any(),
             Value::Str(s) => self.l.str(*s).into_pyobject(py)?.into_any(),
             Value::Bytes(b) => PyBytes::new(py, b).into_any(),

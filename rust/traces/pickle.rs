@@ -12,6 +12,8 @@
 //! interned frame, a list of them an interned stack, and a trace entry dict (one with a string
 //! `action`) one row of [`Entries`]; everything else stays a plain value.
 
+use std::io::BufRead;
+use std::io::Read;
 use std::sync::Arc as Rc;
 
 use rustc_hash::FxHashMap;
@@ -109,8 +111,10 @@ const REFUSED: &[(u8, &str)] = &[
     (0x98, "READONLY_BUFFER"),
 ];
 
-struct Vm<'a> {
-    data: &'a [u8],
+struct Vm<R: BufRead> {
+    input: R,
+    /// bytes of input in all, and read so far
+    len: usize,
     pos: usize,
     ops: usize,
     stack: Vec<Item>,
@@ -126,6 +130,8 @@ struct Vm<'a> {
     /// the last two strings pushed, to name a STACK_GLOBAL's module and name
     last_strs: [Option<u32>; 2],
     keys: Keys,
+    /// nesting depth of each container built (by address), to refuse deep nesting
+    depths: FxHashMap<usize, u32>,
 }
 
 /// Interned ids of the keys the compact shapes are recognised by.
@@ -135,6 +141,9 @@ struct Keys {
     line: u32,
     name: u32,
 }
+
+/// Containers nest at most this deep (PyTorch's snapshots: 6).
+const MAX_DEPTH: u32 = 200;
 
 const SHARED: &str =
     "a container changed after it was referenced again (a structure that holds itself: not plain data)";
@@ -147,8 +156,14 @@ fn err<T>(msg: impl Into<String>) -> Result<T, TraceError> {
 /// in their compact forms (for reading a snapshot); without it the value is exactly what
 /// Python's unpickler would build.
 pub fn load(data: &[u8], compact: bool) -> Result<Loaded, TraceError> {
+    load_from(data, data.len(), compact)
+}
+
+/// [`load`] from a reader of `len` bytes (a file: its text is never held whole).
+pub fn load_from(input: impl BufRead, len: usize, compact: bool) -> Result<Loaded, TraceError> {
     let mut vm = Vm {
-        data,
+        input,
+        len,
         pos: 0,
         ops: 0,
         stack: Vec::new(),
@@ -163,6 +178,7 @@ pub fn load(data: &[u8], compact: bool) -> Result<Loaded, TraceError> {
         compact,
         last_strs: [None, None],
         keys: Keys::default(),
+        depths: FxHashMap::default(),
     };
     vm.keys = Keys {
         filename: vm.intern("filename"),
@@ -191,48 +207,75 @@ fn vm_intern(strings: &mut Vec<Box<str>>, ids: &mut FxHashMap<Box<str>, u32>, s:
     i
 }
 
-impl<'a> Vm<'a> {
+impl<R: BufRead> Vm<R> {
     fn intern(&mut self, s: &str) -> u32 {
         vm_intern(&mut self.strings, &mut self.string_ids, s)
     }
 
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], TraceError> {
-        let left = self.data.len() - self.pos;
+    fn io<T>(&self, r: std::io::Result<T>) -> Result<T, TraceError> {
+        r.map_err(|e| TraceError(format!("cannot read at offset {}: {e}", self.pos)))
+    }
+
+    /// The next `n` bytes; refused when they would run past the end of the input, before
+    /// anything of that size is allocated.
+    fn take(&mut self, n: usize, what: &str) -> Result<Vec<u8>, TraceError> {
+        let left = self.len.saturating_sub(self.pos);
         if n > left {
             return err(format!(
                 "{what} of {n} bytes at offset {} runs past the end of the file ({left} left)",
                 self.pos
             ));
         }
-        let data: &'a [u8] = self.data;
-        let s = &data[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
-    }
-
-    fn u8(&mut self) -> Result<u8, TraceError> {
-        Ok(self.take(1, "an opcode argument")?[0])
-    }
-
-    fn le(&mut self, n: usize) -> Result<u64, TraceError> {
-        let b = self.take(n, "an opcode argument")?;
-        let mut v = 0u64;
-        for (i, &x) in b.iter().enumerate() {
-            v |= (x as u64) << (8 * i);
+        let mut v = Vec::with_capacity(n);
+        let r = (&mut self.input).take(n as u64).read_to_end(&mut v);
+        self.io(r)?;
+        if v.len() < n {
+            return err(format!(
+                "{what} at offset {} runs past the end of the file",
+                self.pos
+            ));
         }
+        self.pos += n;
         Ok(v)
     }
 
-    fn line(&mut self) -> Result<&'a [u8], TraceError> {
-        let data: &'a [u8] = self.data;
-        let rest = &data[self.pos..];
-        match rest.iter().position(|&c| c == b'\n') {
-            Some(n) => {
-                self.pos += n + 1;
-                Ok(&rest[..n])
-            }
-            None => err("a text argument without its newline at the end of the file"),
+    fn u8(&mut self) -> Result<u8, TraceError> {
+        let pos = self.pos;
+        let b = match self.input.fill_buf() {
+            Ok(buf) => match buf.first() {
+                Some(&b) => b,
+                None => return err("an opcode argument runs past the end of the file"),
+            },
+            Err(e) => return err(format!("cannot read at offset {pos}: {e}")),
+        };
+        self.input.consume(1);
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn le(&mut self, n: usize) -> Result<u64, TraceError> {
+        let mut b = [0u8; 8];
+        let r = self.input.read_exact(&mut b[..n]);
+        if r.is_err() {
+            return err(format!(
+                "an opcode argument at offset {} runs past the end of the file",
+                self.pos
+            ));
         }
+        self.pos += n;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn line(&mut self) -> Result<Vec<u8>, TraceError> {
+        let mut v = Vec::new();
+        let left = self.len.saturating_sub(self.pos) as u64;
+        let r = (&mut self.input).take(left).read_until(b'\n', &mut v);
+        self.io(r)?;
+        self.pos += v.len();
+        if v.pop() != Some(b'\n') {
+            return err("a text argument without its newline at the end of the file");
+        }
+        Ok(v)
     }
 
     fn push(&mut self, v: Value) {
@@ -255,14 +298,88 @@ impl<'a> Vm<'a> {
         let (v, slot) = match item {
             Item::Done(v) => return Ok(v),
             Item::Mark => return err("a MARK where a value was expected"),
-            Item::List(l, slot) => (self.compact_list(l), slot),
-            Item::Dict(d, slot) => (self.compact_dict(d), slot),
-            Item::Set(s, slot) => (Value::Set(Rc::new(s), false), slot),
+            Item::List(l, slot) => {
+                let d = self.depth(&l)?;
+                {
+                    let v = self.compact_list(l);
+                    (self.record(v, d), slot)
+                }
+            }
+            Item::Dict(d, slot) => {
+                let flat: Vec<&Value> = d.iter().flat_map(|(k, v)| [k, v]).collect();
+                let depth = self.depth_refs(&flat)?;
+                {
+                    let v = self.compact_dict(d);
+                    (self.record(v, depth), slot)
+                }
+            }
+            Item::Set(s, slot) => {
+                let d = self.depth(&s)?;
+                (self.record(Value::Set(Rc::new(s), false), d), slot)
+            }
         };
         if let Some(i) = slot {
             self.memo[i as usize] = Memo::Value(v.clone());
         }
         Ok(v)
+    }
+
+    /// The nesting depth of a container of `items`; refused beyond [`MAX_DEPTH`] (deeper
+    /// data would recurse deeply where it is converted or dropped).
+    fn depth(&self, items: &[Value]) -> Result<u32, TraceError> {
+        let refs: Vec<&Value> = items.iter().collect();
+        self.depth_refs(&refs)
+    }
+
+    fn depth_refs(&self, items: &[&Value]) -> Result<u32, TraceError> {
+        let mut d = 0;
+        for v in items {
+            let k = match v {
+                Value::List(a) | Value::Tuple(a) | Value::Set(a, _) => Rc::as_ptr(a) as usize,
+                Value::Dict(a) => Rc::as_ptr(a) as *const u8 as usize,
+                Value::Frame(_) | Value::Entry(_) => {
+                    d = d.max(1);
+                    continue;
+                }
+                Value::Stack(_) => {
+                    d = d.max(2);
+                    continue;
+                }
+                _ => continue,
+            };
+            d = d.max(self.depths.get(&k).copied().unwrap_or(1));
+        }
+        if d + 1 > MAX_DEPTH {
+            return err(format!(
+                "data nested deeper than {MAX_DEPTH} levels (not a snapshot)"
+            ));
+        }
+        Ok(d + 1)
+    }
+
+    fn record(&mut self, v: Value, depth: u32) -> Value {
+        let k = match &v {
+            Value::List(a) | Value::Tuple(a) | Value::Set(a, _) => Rc::as_ptr(a) as usize,
+            Value::Dict(a) => Rc::as_ptr(a) as *const u8 as usize,
+            _ => return v,
+        };
+        if depth > 1 {
+            self.depths.insert(k, depth);
+        } else {
+            self.depths.remove(&k);
+        }
+        v
+    }
+
+    /// A tuple or frozenset of `items`, its depth checked.
+    fn frozen(&mut self, items: Vec<Value>, set: bool) -> Result<Value, TraceError> {
+        let d = self.depth(&items)?;
+        let v = if set {
+            Value::Set(Rc::new(items), true)
+        } else {
+            Value::Tuple(Rc::new(items))
+        };
+        Ok(self.record(v, d))
     }
 
     fn compact_list(&mut self, l: Vec<Value>) -> Value {
@@ -432,17 +549,15 @@ impl<'a> Vm<'a> {
         }
     }
 
-    fn refuse(&self, op: u8, name: &str) -> Result<Value, TraceError> {
+    fn refuse(&mut self, op: u8, name: &str) -> Result<Value, TraceError> {
         let what = match op {
             b'c' | b'i' => {
                 // GLOBAL/INST: "module\nname\n" follow the opcode
-                let rest = &self.data[self.pos..];
-                let mut parts = rest.splitn(3, |&c| c == b'\n');
-                match (parts.next(), parts.next()) {
-                    (Some(m), Some(n)) => format!(
+                match (self.line(), self.line()) {
+                    (Ok(m), Ok(n)) => format!(
                         " {}.{}",
-                        String::from_utf8_lossy(m),
-                        String::from_utf8_lossy(n)
+                        String::from_utf8_lossy(&m),
+                        String::from_utf8_lossy(&n)
                     ),
                     _ => String::new(),
                 }
@@ -522,11 +637,11 @@ impl<'a> Vm<'a> {
                     } else {
                         self.le(4)? as usize
                     };
-                    let b = self.take(n, "a LONG")?.to_vec();
+                    let b = self.take(n, "a LONG")?;
                     self.push(long(&b));
                 }
                 b'I' | b'L' => {
-                    let t = String::from_utf8_lossy(self.line()?).trim().to_string();
+                    let t = String::from_utf8_lossy(&self.line()?).trim().to_string();
                     let t = t.strip_suffix('L').unwrap_or(&t);
                     let v = match t {
                         "01" if op == b'I' => Value::Bool(true),
@@ -540,11 +655,11 @@ impl<'a> Vm<'a> {
                 }
                 b'G' => {
                     let b = self.take(8, "a BINFLOAT")?;
-                    let v = f64::from_be_bytes(b.try_into().expect("8 bytes"));
+                    let v = f64::from_be_bytes(b[..].try_into().expect("8 bytes"));
                     self.push(Value::Float(v));
                 }
                 b'F' => {
-                    let t = String::from_utf8_lossy(self.line()?).trim().to_string();
+                    let t = String::from_utf8_lossy(&self.line()?).trim().to_string();
                     let v = t
                         .parse::<f64>()
                         .map_err(|_| TraceError(format!("a bad float {t:?}")))?;
@@ -557,11 +672,11 @@ impl<'a> Vm<'a> {
                         _ => usize::try_from(self.le(8)?).unwrap_or(usize::MAX),
                     };
                     let b = self.take(n, "a string")?;
-                    let v = self.text(b)?;
+                    let v = self.text(&b)?;
                     self.push(v);
                 }
                 b'V' => {
-                    let b = self.line()?.to_vec();
+                    let b = self.line()?;
                     let s = raw_unicode_escape(&b)?;
                     let v = Value::Str(self.intern(&s));
                     self.push(v);
@@ -577,11 +692,11 @@ impl<'a> Vm<'a> {
                     if !b.is_ascii() {
                         return err("a Python 2 string that is not ASCII");
                     }
-                    let v = self.text(b)?;
+                    let v = self.text(&b)?;
                     self.push(v);
                 }
                 b'S' => {
-                    let b = self.line()?.to_vec();
+                    let b = self.line()?;
                     let t = String::from_utf8_lossy(&b);
                     let t = t.trim();
                     let inner = t
@@ -620,7 +735,8 @@ impl<'a> Vm<'a> {
                 b')' => self.push(Value::Tuple(Rc::new(Vec::new()))),
                 b't' => {
                     let items = self.pop_mark()?;
-                    self.push(Value::Tuple(Rc::new(items)));
+                    let v = self.frozen(items, false)?;
+                    self.push(v);
                 }
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
@@ -632,7 +748,8 @@ impl<'a> Vm<'a> {
                         items.push(self.pop_value()?);
                     }
                     items.reverse();
-                    self.push(Value::Tuple(Rc::new(items)));
+                    let v = self.frozen(items, false)?;
+                    self.push(v);
                 }
                 b'}' => self.stack.push(Item::Dict(Vec::new(), None)),
                 b'd' => {
@@ -659,10 +776,11 @@ impl<'a> Vm<'a> {
                 }
                 0x91 => {
                     let items = self.pop_mark()?;
-                    self.push(Value::Set(Rc::new(items), true));
+                    let v = self.frozen(items, true)?;
+                    self.push(v);
                 }
                 b'p' => {
-                    let t = String::from_utf8_lossy(self.line()?).trim().to_string();
+                    let t = String::from_utf8_lossy(&self.line()?).trim().to_string();
                     let i = t
                         .parse::<u64>()
                         .map_err(|_| TraceError(format!("a bad memo index {t:?}")))?;
@@ -681,7 +799,7 @@ impl<'a> Vm<'a> {
                     self.memo_put(i)?;
                 }
                 b'g' => {
-                    let t = String::from_utf8_lossy(self.line()?).trim().to_string();
+                    let t = String::from_utf8_lossy(&self.line()?).trim().to_string();
                     let i = t
                         .parse::<u64>()
                         .map_err(|_| TraceError(format!("a bad memo index {t:?}")))?;

@@ -15,16 +15,25 @@ use super::TraceError;
 
 pub const HEADER: [&str; 6] = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"];
 
-/// The bytes of `raw`, gunzipped when it starts with gzip's magic.
-pub fn decompress(raw: Vec<u8>, name: &str) -> Result<Vec<u8>, TraceError> {
-    if raw.len() < 2 || raw[..2] != [0x1f, 0x8b] {
-        return Ok(raw);
+/// Reads the file at `path` (gunzipped as it is read when it starts with gzip's magic),
+/// without holding its text.
+pub fn read_file(path: &str) -> Result<Log, TraceError> {
+    let open =
+        || std::fs::File::open(path).map_err(|e| TraceError(format!("{path}: cannot read: {e}")));
+    let mut magic = [0u8; 2];
+    let n = open()?
+        .read(&mut magic)
+        .map_err(|e| TraceError(format!("{path}: cannot read: {e}")))?;
+    let len = std::fs::metadata(path)
+        .map(|m| m.len() as usize)
+        .unwrap_or(0);
+    let f = std::io::BufReader::with_capacity(1 << 16, open()?);
+    if n == 2 && magic == [0x1f, 0x8b] {
+        // about 8 rows to a compressed kilobyte... 48 B a row: a first guess of the rows
+        read(flate2::bufread::MultiGzDecoder::new(f), path, len / 7)
+    } else {
+        read(f, path, len / 48)
     }
-    let mut out = Vec::with_capacity(raw.len().saturating_mul(4));
-    flate2::read::MultiGzDecoder::new(&raw[..])
-        .read_to_end(&mut out)
-        .map_err(|e| TraceError(format!("{name}: corrupt gzip data: {e}")))?;
-    Ok(out)
 }
 
 /// An unsigned number written as hex (`0x`, or with a letter a–f) or decimal.
@@ -90,16 +99,22 @@ pub fn time_us(t: &[u8]) -> Option<i64> {
     Some(n / 1000)
 }
 
-/// Reads an RMM log's bytes (already decompressed) into columns.
-pub fn read(data: &[u8], name: &str) -> Result<Log, TraceError> {
+/// Reads an RMM log's text into columns; `rows` guesses how many rows it holds.
+pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError> {
     let mut rdr = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
         .trim(csv::Trim::All)
+        .buffer_capacity(1 << 16)
         .from_reader(data);
     let mut rec = csv::ByteRecord::new();
     let line = |rec: &csv::ByteRecord| rec.position().map(|p| p.line()).unwrap_or(0);
-    let read_err = |e: csv::Error| TraceError(format!("{name}: cannot read as an RMM log ({e})"));
+    let read_err = |e: csv::Error| match e.kind() {
+        csv::ErrorKind::Io(io) => TraceError(format!(
+            "{name}: corrupt gzip data or unreadable file: {io}"
+        )),
+        _ => TraceError(format!("{name}: cannot read as an RMM log ({e})")),
+    };
     if !rdr.read_byte_record(&mut rec).map_err(read_err)?
         || rec.len() != 6
         || rec.iter().zip(HEADER).any(|(a, b)| a != b.as_bytes())
@@ -110,9 +125,18 @@ pub fn read(data: &[u8], name: &str) -> Result<Log, TraceError> {
         )));
     }
     let mut log = Log::default();
-    // a rough row count from the size, to grow the columns once
-    let guess = data.len() / 48;
+    // grown from a guess: capacity not yet written costs no resident memory
+    let guess = rows.min(1 << 28);
+    for c in [
+        &mut log.ptr,
+        &mut log.size,
+        &mut log.stream,
+        &mut log.thread,
+    ] {
+        c.reserve(guess);
+    }
     log.action.reserve(guess);
+    log.time_us.reserve(guess);
     while rdr.read_byte_record(&mut rec).map_err(read_err)? {
         let at = line(&rec);
         if rec.len() == 1 && rec[0].is_empty() {

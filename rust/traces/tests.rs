@@ -123,7 +123,7 @@ fn rmm_rows_in_every_variant() {
         2,1700000000.25,allocate,8192,32,7\n\
         1,2,allocate failure,(nil),1000000,0\n\
         2,00:00:02,free,0x1000,64,0x0\n";
-    let l = rmm::read(text, "x").unwrap();
+    let l = rmm::read(&text[..], "x", 0).unwrap();
     assert_eq!(
         l.action,
         vec![log::ALLOC, log::ALLOC, log::ALLOC_FAILED, log::FREE]
@@ -135,11 +135,8 @@ fn rmm_rows_in_every_variant() {
     );
     assert_eq!(l.thread, vec![1, 2, 1, 2]);
     assert_eq!(l.stream[1], 7);
-    assert!(rmm::read(
-        b"Thread,Time,Action,Pointer,Size,Stream\n1,x,allocate,0x1,1,0\n",
-        "x"
-    )
-    .is_err());
+    let bad = b"Thread,Time,Action,Pointer,Size,Stream\n1,x,allocate,0x1,1,0\n";
+    assert!(rmm::read(&bad[..], "x", 0).is_err());
 }
 
 #[test]
