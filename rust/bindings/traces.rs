@@ -51,6 +51,10 @@ fn load_file(name: &str, compact: bool) -> Result<Loaded, TraceError> {
     pickle::load_from(std::io::BufReader::with_capacity(1 << 16, f), len, compact)
 }
 
+/// A start state as Python passes it: (address, size, stream) of segments, (address,
+/// requested, block size, stream) of blocks.
+type StartColumns = (Vec<(u64, u64, u64)>, Vec<(u64, u64, u64, u64)>);
+
 /// One device's events in columns, with its start state and stack table.
 #[pyclass(module = "gpumm._core", name = "TraceLog", frozen)]
 pub struct PyTraceLog {
@@ -77,7 +81,7 @@ impl PyTraceLog {
         times: Vec<i64>,
         threads: Vec<u64>,
         frames: Vec<i32>,
-        start: Option<(Vec<(u64, u64, u64)>, Vec<(u64, u64, u64, u64)>)>,
+        start: Option<StartColumns>,
         py: Python<'_>,
     ) -> PyResult<Self> {
         let n = actions.len();

@@ -77,7 +77,7 @@ fn truthy(v: &Value) -> bool {
     }
 }
 
-fn device_traces<'a>(l: &'a Loaded) -> Option<&'a Value> {
+fn device_traces(l: &Loaded) -> Option<&Value> {
     root_dict(l)
         .and_then(|d| l.get(d, "device_traces"))
         .filter(|v| truthy(v))
