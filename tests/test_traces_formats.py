@@ -226,3 +226,13 @@ def test_rmm_bad_rows_are_refused_naming_the_line(tmp_path, row, what):
     p.write_text(RMM_HEADER + "1,00:00:00.1,allocate,0x10,64,0x0\n" + row + "\n")
     with pytest.raises(TraceFormatError, match=f"line 3: .*{what}"):
         read_rmm_csv(p)
+
+
+def test_sizes_near_the_top_of_u64_saturate(tmp_path):
+    # 5 bytes, then 2^64 - 1: the live sum saturates rather than wrapping round to 4
+    p = tmp_path / "r.csv"
+    top = (1 << 64) - 1
+    p.write_text(RMM_HEADER + f"1,00:00:00.1,allocate,0x10,5,0x0\n1,00:00:00.2,allocate,0x20,{top},0x0\n")
+    t = read_rmm_csv(p)
+    assert t.peak_live() == top
+    assert prepare(t).peak_live == top

@@ -166,8 +166,10 @@ impl PyTraceLog {
         self.log.num_allocs()
     }
 
-    fn peak_live(&self, py: Python<'_>) -> u64 {
-        py.detach(|| self.log.peak_live(self.start.as_ref()))
+    fn peak_live(&self, py: Python<'_>) -> PyResult<u64> {
+        guarded(py, "a trace", || {
+            Ok(self.log.peak_live(self.start.as_ref()))
+        })
     }
 
     fn recorded_peak_reserved(&self) -> Option<i128> {
@@ -195,7 +197,9 @@ impl PyTraceLog {
     /// The engine's arrays: a dict of numpy uint64 arrays (actions, ids, sizes, streams,
     /// addrs, source) and start_blocks, peak_live, peak_event.
     fn prepare<'py>(&self, py: Python<'py>, keep_addr: bool) -> PyResult<Bound<'py, PyDict>> {
-        let p = py.detach(|| prepare::prepare(&self.log, self.start.as_ref(), keep_addr));
+        let p = guarded(py, "a trace", || {
+            Ok(prepare::prepare(&self.log, self.start.as_ref(), keep_addr))
+        })?;
         let d = PyDict::new(py);
         d.set_item("start_blocks", p.start_blocks)?;
         d.set_item("peak_live", p.peak_live)?;

@@ -96,14 +96,14 @@ impl Log {
         self.action.iter().filter(|&&a| a == ALLOC).count()
     }
 
-    /// The largest sum of live requested sizes, counting the start state's blocks; frees of
-    /// pointers not known to be live are ignored.
+    /// The largest sum of live requested sizes, counting the start state's blocks (sums
+    /// saturate); frees of pointers not known to be live are ignored.
     pub fn peak_live(&self, start: Option<&Start>) -> u64 {
         let mut live = rustc_hash::FxHashMap::default();
         let mut cur = 0u64;
         for &(addr, req, _, _) in start.map(|s| s.blocks.as_slice()).unwrap_or(&[]) {
             live.insert(addr, req);
-            cur += req;
+            cur = cur.saturating_add(req);
         }
         let mut peak = cur;
         for i in 0..self.len() {
@@ -112,10 +112,10 @@ impl Log {
                     // an allocation at an address still live replaces it in the map but its
                     // bytes stay counted (the reader's rule since the first release)
                     live.insert(self.ptr[i], self.size[i]);
-                    cur += self.size[i];
+                    cur = cur.saturating_add(self.size[i]);
                     peak = peak.max(cur);
                 }
-                FREE => cur -= live.remove(&self.ptr[i]).unwrap_or(0),
+                FREE => cur = cur.saturating_sub(live.remove(&self.ptr[i]).unwrap_or(0)),
                 _ => {}
             }
         }

@@ -23,7 +23,8 @@ pub struct Prepared {
     pub peak_event: i64,
 }
 
-/// Frees of pointers that are not live are dropped; an allocation at a live pointer ends
+/// Sums saturate (a hostile log's sizes cannot overflow them). Frees of pointers that are
+/// not live are dropped; an allocation at a live pointer ends
 /// the old one. `keep_addr`: pass allocation addresses on (snapshots: the caching model
 /// compares its own with them).
 pub fn prepare(log: &Log, start: Option<&Start>, keep_addr: bool) -> Prepared {
@@ -38,7 +39,7 @@ pub fn prepare(log: &Log, start: Option<&Start>, keep_addr: bool) -> Prepared {
         for &(addr, req, bsize, stream) in &s.blocks {
             live.insert(addr, (next_id, req));
             p.start_blocks.push((next_id, addr, req, bsize, stream));
-            cur += req;
+            cur = cur.saturating_add(req);
             next_id = next_id.wrapping_add(1);
         }
     }
@@ -59,17 +60,17 @@ pub fn prepare(log: &Log, start: Option<&Start>, keep_addr: bool) -> Prepared {
         let (code, ident) = match log.action[i] {
             log::ALLOC => {
                 if let Some((_, old)) = live.remove(&ptr) {
-                    cur -= old;
+                    cur = cur.saturating_sub(old);
                 }
                 live.insert(ptr, (next_id, size));
                 let id = next_id;
                 next_id = next_id.wrapping_add(1);
-                cur += size;
+                cur = cur.saturating_add(size);
                 (0, id)
             }
             log::FREE => match live.remove(&ptr) {
                 Some((id, s)) => {
-                    cur -= s;
+                    cur = cur.saturating_sub(s);
                     (1, id)
                 }
                 None => continue,
