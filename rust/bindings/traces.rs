@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyFrozenSet, PyList, PySet, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyFrozenSet, PyList, PySet, PyString, PyTuple};
 
 use crate::traces::log::{self, Log, Start};
 use crate::traces::pickle::{self, Loaded, Value};
@@ -231,15 +231,15 @@ impl PySnapshot {
     /// Device `device`'s trace: (log, start segments, start blocks, frames, final segment
     /// indices, has_history).
     #[allow(clippy::type_complexity)]
-    fn device(
+    fn device<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         device: u64,
     ) -> PyResult<(
         PyTraceLog,
         Vec<(u64, u64, u64)>,
         Vec<(u64, u64, u64, u64)>,
-        Vec<Vec<String>>,
+        Bound<'py, PyList>,
         Vec<usize>,
         bool,
         i64,
@@ -250,6 +250,19 @@ impl PySnapshot {
             snapshot::read_device(&loaded, &name, device)
         })?;
         let start = t.start.clone();
+        // each frame's text one Python string, shared by every stack that holds it
+        let texts: Vec<Bound<'py, PyString>> = t
+            .frames
+            .texts
+            .iter()
+            .map(|x| PyString::new(py, x))
+            .collect();
+        let frames = PyList::empty(py);
+        for st in &t.frames.stacks {
+            let items: Vec<&Bound<'py, PyString>> =
+                st.iter().map(|&i| &texts[i as usize]).collect();
+            frames.append(PyList::new(py, items)?)?;
+        }
         Ok((
             PyTraceLog {
                 log: t.log,
@@ -257,7 +270,7 @@ impl PySnapshot {
             },
             start.segments,
             start.blocks,
-            t.frames,
+            frames,
             t.final_segments,
             t.has_history,
             t.t0,

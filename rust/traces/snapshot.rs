@@ -24,7 +24,7 @@ pub struct DeviceTrace {
     pub log: Log,
     pub start: Start,
     /// "file:line:function" of each stack the events refer to
-    pub frames: Vec<Vec<String>>,
+    pub frames: Stacks,
     /// indices into the segments list of this device's segments
     pub final_segments: Vec<usize>,
     pub has_history: bool,
@@ -334,9 +334,7 @@ pub fn read_device(l: &Loaded, name: &str, device: u64) -> Result<DeviceTrace, T
 
     // the history
     let mut log = Log::default();
-    let mut frames: Vec<Vec<String>> = Vec::new();
-    let mut by_text: FxHashMap<Vec<String>, i32> = FxHashMap::default();
-    let mut by_stack: FxHashMap<u32, i32> = FxHashMap::default();
+    let mut frames = Stacks::default();
     let mut t0: Option<i64> = None;
     log.action.reserve(history.len());
     for (i, e) in history.iter().enumerate() {
@@ -374,7 +372,7 @@ pub fn read_device(l: &Loaded, name: &str, device: u64) -> Result<DeviceTrace, T
         };
         let t = *t0.get_or_insert(row.time_us);
         let stack = if row.action == A_ALLOC {
-            stack_index(l, &row, e, &mut frames, &mut by_text, &mut by_stack)
+            frames.index(l, &row, e)
         } else {
             -1
         };
@@ -487,82 +485,97 @@ fn general_entry(l: &Loaded, d: &Dict, at: &dyn Fn() -> String) -> Result<Option
     }))
 }
 
-/// The stack table index of an allocation's frames (added on first sight), -1: none.
-fn stack_index(
-    l: &Loaded,
-    row: &Row,
-    e: &Value,
-    frames: &mut Vec<Vec<String>>,
-    by_text: &mut FxHashMap<Vec<String>, i32>,
-    by_stack: &mut FxHashMap<u32, i32>,
-) -> i32 {
-    if row.stack >= 0 {
-        let s = row.stack as u32;
-        if let Some(&i) = by_stack.get(&s) {
-            return i;
-        }
-        let text: Vec<String> = l.stacks[s as usize]
-            .iter()
-            .map(|&f| {
-                let (file, line, name) = l.frames[f as usize];
-                format!("{}:{line}:{}", l.str(file), l.str(name))
-            })
-            .collect();
-        let i = intern_stack(text, frames, by_text);
-        by_stack.insert(s, i);
-        return i;
-    }
-    let Value::Dict(d) = e else { return -1 };
-    let list: &[Value] = match l.get(d, "frames") {
-        Some(Value::List(f)) => f,
-        Some(Value::Stack(s)) => {
-            let r = Row {
-                stack: *s as i32,
-                ..*row
-            };
-            return stack_index(l, &r, &Value::None, frames, by_text, by_stack);
-        }
-        _ => return -1,
-    };
-    let text: Vec<String> = list
-        .iter()
-        .filter_map(|f| match f {
-            Value::Dict(fd) => {
-                let get = |k: &str, dflt: &str| {
-                    l.get(fd, k)
-                        .map(|v| text(l, v))
-                        .unwrap_or_else(|| dflt.into())
-                };
-                Some(format!(
-                    "{}:{}:{}",
-                    get("filename", "?"),
-                    get("line", "0"),
-                    get("name", "?")
-                ))
-            }
-            Value::Frame(fi) => {
-                let (file, line, name) = l.frames[*fi as usize];
-                Some(format!("{}:{line}:{}", l.str(file), l.str(name)))
-            }
-            _ => None,
-        })
-        .collect();
-    if text.is_empty() {
-        return -1;
-    }
-    intern_stack(text, frames, by_text)
+/// A device's stack table: each frame's "file:line:function" text once, and each stack as
+/// indices into those texts (stacks that read the same are one).
+#[derive(Default)]
+pub struct Stacks {
+    pub texts: Vec<String>,
+    pub stacks: Vec<Vec<u32>>,
+    text_ids: FxHashMap<String, u32>,
+    by_frame: FxHashMap<u32, u32>,
+    by_texts: FxHashMap<Vec<u32>, i32>,
+    by_stack: FxHashMap<u32, i32>,
 }
 
-fn intern_stack(
-    text: Vec<String>,
-    frames: &mut Vec<Vec<String>>,
-    by_text: &mut FxHashMap<Vec<String>, i32>,
-) -> i32 {
-    if let Some(&i) = by_text.get(&text) {
-        return i;
+impl Stacks {
+    fn text(&mut self, t: String) -> u32 {
+        if let Some(&i) = self.text_ids.get(&t) {
+            return i;
+        }
+        let i = self.texts.len() as u32;
+        self.texts.push(t.clone());
+        self.text_ids.insert(t, i);
+        i
     }
-    let i = frames.len() as i32;
-    frames.push(text.clone());
-    by_text.insert(text, i);
-    i
+
+    fn frame(&mut self, l: &Loaded, f: u32) -> u32 {
+        if let Some(&i) = self.by_frame.get(&f) {
+            return i;
+        }
+        let (file, line, name) = l.frames[f as usize];
+        let i = self.text(format!("{}:{line}:{}", l.str(file), l.str(name)));
+        self.by_frame.insert(f, i);
+        i
+    }
+
+    fn add(&mut self, ids: Vec<u32>) -> i32 {
+        if ids.is_empty() {
+            return -1;
+        }
+        if let Some(&i) = self.by_texts.get(&ids) {
+            return i;
+        }
+        let i = self.stacks.len() as i32;
+        self.stacks.push(ids.clone());
+        self.by_texts.insert(ids, i);
+        i
+    }
+
+    /// The table index of an allocation's frames (added on first sight), -1: none.
+    fn index(&mut self, l: &Loaded, row: &Row, e: &Value) -> i32 {
+        if row.stack >= 0 {
+            return self.interned(l, row.stack as u32);
+        }
+        let Value::Dict(d) = e else { return -1 };
+        let list: &[Value] = match l.get(d, "frames") {
+            Some(Value::List(f)) => f,
+            Some(Value::Stack(s)) => return self.interned(l, *s),
+            _ => return -1,
+        };
+        let ids: Vec<u32> = list
+            .iter()
+            .filter_map(|f| match f {
+                Value::Dict(fd) => {
+                    let get = |k: &str, dflt: &str| {
+                        l.get(fd, k)
+                            .map(|v| text(l, v))
+                            .unwrap_or_else(|| dflt.into())
+                    };
+                    let t = format!(
+                        "{}:{}:{}",
+                        get("filename", "?"),
+                        get("line", "0"),
+                        get("name", "?")
+                    );
+                    Some(self.text(t))
+                }
+                Value::Frame(fi) => Some(self.frame(l, *fi)),
+                _ => None,
+            })
+            .collect();
+        self.add(ids)
+    }
+
+    fn interned(&mut self, l: &Loaded, s: u32) -> i32 {
+        if let Some(&i) = self.by_stack.get(&s) {
+            return i;
+        }
+        let ids: Vec<u32> = l.stacks[s as usize]
+            .iter()
+            .map(|&f| self.frame(l, f))
+            .collect();
+        let i = self.add(ids);
+        self.by_stack.insert(s, i);
+        i
+    }
 }
