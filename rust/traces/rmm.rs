@@ -51,45 +51,64 @@ pub fn number(t: &[u8]) -> Option<u64> {
     u64::from_str_radix(s, 16).ok()
 }
 
-/// A Time field to microseconds.
-pub fn time_us(t: &[u8]) -> Option<i64> {
-    let s = std::str::from_utf8(t).ok()?;
-    let (whole, frac) = match s.split_once('.') {
-        Some((w, f)) => (w, Some(f)),
-        None => (s, None),
-    };
-    if let Some(f) = frac {
-        if f.is_empty() || !f.bytes().all(|c| c.is_ascii_digit()) {
+/// Digits only, as a number (None: empty, another character, or more than 18 digits).
+fn digits(t: &[u8]) -> Option<i64> {
+    if t.is_empty() || t.len() > 18 {
+        return None;
+    }
+    let mut n = 0i64;
+    for &c in t {
+        if !c.is_ascii_digit() {
             return None;
         }
+        n = n * 10 + (c - b'0') as i64;
     }
-    let frac_us = frac
-        .map(|f| {
-            let mut d: String = f.chars().take(6).collect();
-            while d.len() < 6 {
-                d.push('0');
+    Some(n)
+}
+
+/// A Time field to microseconds.
+pub fn time_us(t: &[u8]) -> Option<i64> {
+    let (whole, frac) = match t.iter().position(|&c| c == b'.') {
+        Some(i) => (&t[..i], Some(&t[i + 1..])),
+        None => (t, None),
+    };
+    let frac_us = match frac {
+        None => 0,
+        Some(f) => {
+            // the first six digits are microseconds; the rest must still be digits
+            if f.is_empty() || !f.iter().all(|c| c.is_ascii_digit()) {
+                return None;
             }
-            d.parse::<i64>().ok()
-        })
-        .unwrap_or(Some(0))?;
-    if whole.contains(':') {
-        let mut parts = whole.split(':');
+            let mut us = 0i64;
+            for k in 0..6 {
+                us = us * 10 + f.get(k).map(|&c| (c - b'0') as i64).unwrap_or(0);
+            }
+            us
+        }
+    };
+    if whole.contains(&b':') {
+        let mut parts = whole.split(|&c| c == b':');
         let (h, m, sec) = (parts.next()?, parts.next()?, parts.next()?);
         if parts.next().is_some() {
             return None;
         }
-        let num = |x: &str| -> Option<i64> {
-            if x.is_empty() || !x.bytes().all(|c| c.is_ascii_digit()) || x.len() > 12 {
-                return None;
-            }
-            x.parse().ok()
-        };
-        return Some(((num(h)? * 60 + num(m)?) * 60 + num(sec)?) * 1_000_000 + frac_us);
+        let (h, m, sec) = (digits(h)?, digits(m)?, digits(sec)?);
+        return h
+            .checked_mul(60)?
+            .checked_add(m)?
+            .checked_mul(60)?
+            .checked_add(sec)?
+            .checked_mul(1_000_000)?
+            .checked_add(frac_us);
     }
-    if whole.is_empty() || !whole.bytes().all(|c| c.is_ascii_digit()) || whole.len() > 19 {
-        return None;
-    }
-    let n: i64 = whole.parse().ok()?;
+    let n = if whole.len() == 19 {
+        // nanoseconds since the epoch have 19 digits
+        digits(&whole[..18])?
+            .checked_mul(10)?
+            .checked_add(digits(&whole[18..])?)?
+    } else {
+        digits(whole)?
+    };
     if frac.is_some() || n < 100_000_000_000 {
         return n.checked_mul(1_000_000)?.checked_add(frac_us);
     }
@@ -104,7 +123,6 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
     let mut rdr = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
-        .trim(csv::Trim::All)
         .buffer_capacity(1 << 16)
         .from_reader(data);
     let mut rec = csv::ByteRecord::new();
@@ -117,7 +135,10 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
     };
     if !rdr.read_byte_record(&mut rec).map_err(read_err)?
         || rec.len() != 6
-        || rec.iter().zip(HEADER).any(|(a, b)| a != b.as_bytes())
+        || rec
+            .iter()
+            .zip(HEADER)
+            .any(|(a, b)| a.trim_ascii() != b.as_bytes())
     {
         return Err(TraceError(format!(
             "{name}: line 1: expected the header {}",
@@ -139,7 +160,7 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
     log.time_us.reserve(guess);
     while rdr.read_byte_record(&mut rec).map_err(read_err)? {
         let at = line(&rec);
-        if rec.len() == 1 && rec[0].is_empty() {
+        if rec.len() == 1 && rec[0].trim_ascii().is_empty() {
             continue;
         }
         if rec.len() != 6 {
@@ -154,7 +175,8 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
                 String::from_utf8_lossy(v)
             ))
         };
-        let action = match &rec[2] {
+        let f = |i: usize| rec[i].trim_ascii();
+        let action = match f(2) {
             b"allocate" => ALLOC,
             b"free" | b"deallocate" => FREE,
             b"allocate failure" => ALLOC_FAILED,
@@ -165,23 +187,23 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
                 )))
             }
         };
-        let ptr = match &rec[3] {
+        let ptr = match f(3) {
             b"(nil)" | b"" | b"nullptr" if action == ALLOC_FAILED => 0,
             p => number(p).ok_or_else(|| bad("pointer", p))?,
         };
-        let thread = number_dec(&rec[0]).ok_or_else(|| bad("thread", &rec[0]))?;
-        if rec[4].starts_with(b"-") || rec[3].starts_with(b"-") {
+        let thread = number_dec(f(0)).ok_or_else(|| bad("thread", f(0)))?;
+        if f(4).starts_with(b"-") || f(3).starts_with(b"-") {
             return Err(TraceError(format!(
                 "{name}: line {at}: negative size or pointer"
             )));
         }
-        let size = std::str::from_utf8(&rec[4])
+        let size = std::str::from_utf8(f(4))
             .ok()
             .filter(|s| !s.starts_with('+'))
             .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| bad("size", &rec[4]))?;
-        let stream = number(&rec[5]).ok_or_else(|| bad("stream", &rec[5]))?;
-        let t = time_us(&rec[1]).ok_or_else(|| bad("time", &rec[1]))?;
+            .ok_or_else(|| bad("size", f(4)))?;
+        let stream = number(f(5)).ok_or_else(|| bad("stream", f(5)))?;
+        let t = time_us(f(1)).ok_or_else(|| bad("time", f(1)))?;
         log.push(action, ptr, size, stream, t);
         log.thread.push(thread);
     }
