@@ -373,7 +373,10 @@ fn auto_step_is_one_percent_of_peak_live_in_whole_pages() {
     assert_eq!(auto_step(200 * MIB), 2 * MIB);
     assert_eq!(auto_step(200 * MIB + 1), 4 * MIB);
     assert_eq!(auto_step(1024 * MIB), 12 * MIB); // 10.24 MiB, up to whole pages
-    assert_eq!(auto_step(u64::MAX), (u64::MAX / 100 + 1).div_ceil(2 * MIB) * 2 * MIB);
+    assert_eq!(
+        auto_step(u64::MAX),
+        (u64::MAX / 100 + 1).div_ceil(2 * MIB) * 2 * MIB
+    );
     // a trace of 100 MiB live: the driver needs 100 MiB, not the 128 of 64 MiB steps
     let ev: Vec<Event> = (0..50).map(|i| alloc(i, 2 * MIB)).collect();
     let make = |cap| model_by_name("driver", cap, CachingOptions::default());
