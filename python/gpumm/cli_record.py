@@ -134,6 +134,7 @@ def cmd_predict(args: argparse.Namespace, out: Console) -> int:
     size that fits."""
     from gpumm.predict import fit_size, predict
     from gpumm.record import recording_info
+    from gpumm.traces import read_trace
 
     if len(args.trace) > 2:
         raise InvalidArgumentError("give one trace, or two recorded at different sizes")
@@ -155,7 +156,8 @@ def cmd_predict(args: argparse.Namespace, out: Console) -> int:
                                            "--size)")
             sizes = [int(i["size"]) for i in infos]
         name = (recording_info(args.trace[0]).get("size_name") or "size") if not args.sizes else "size"
-        fit = fit_size(preds, sizes, name)
+        fit = fit_size(preds, sizes, name, traces=[read_trace(t) for t in args.trace],
+                       alloc_conf=conf)
     data: Any = preds[0].to_json() if fit is None else {
         "predictions": [p.to_json() for p in preds], "interpolation": fit.to_json(),
         **{k: preds[-1].to_json()[k] for k in ("peak_reserved", "gpumm_peak_reserved", "fits",
@@ -170,11 +172,13 @@ def cmd_predict(args: argparse.Namespace, out: Console) -> int:
     for p in preds:
         _print(p, out)
     if fit is not None:
-        out.print(f"[bold]interpolated[/bold] (peak linear in {fit.size_name} between "
-                  f"{fit.sizes[0]} and {fit.sizes[1]}): {format_size(int(fit.per_unit))} per "
-                  f"{fit.size_name}, {format_size(max(0, int(fit.fixed)))} fixed; largest "
-                  f"{fit.size_name} that fits: {fit.largest if fit.largest is not None else 'any'}",
-                  highlight=False)
+        how = ("each allocation's size interpolated between the two runs, each candidate "
+               "replayed" if fit.method == "replayed" else "the two peaks' line; the runs' "
+               "allocations differ, so the allocator's rounding at other sizes is not replayed")
+        out.print(f"[bold]interpolated[/bold] between {fit.size_name} {fit.sizes[0]} and "
+                  f"{fit.sizes[1]} ({how}): {format_size(int(fit.per_unit))} per "
+                  f"{fit.size_name} between them; largest {fit.size_name} that fits: "
+                  f"{fit.largest if fit.largest is not None else 'any'}", highlight=False)
     return 0
 
 

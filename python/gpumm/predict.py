@@ -266,26 +266,48 @@ def _live_at(path: str, n: int) -> int:
 
 @dataclass
 class SizeFit:
-    """The largest batch size (or sequence length) that fits, from two recorded sizes,
-    assuming the peak is linear in the size between and beyond them."""
+    """The largest batch size (or sequence length) that fits, from two recorded sizes."""
 
     sizes: List[int]
     peaks: List[int]
-    #: bytes of peak reserved per unit of size
+    #: bytes of peak reserved per unit of size, between the two runs
     per_unit: float
-    #: the peak's part that does not grow with the size
+    #: the peak's part that does not grow with the size (the line's value at 0)
     fixed: float
     usable: int
     largest: Optional[int]
     size_name: str = "size"
+    #: "replayed": each event's size interpolated between the two runs (same events in the
+    #: same order), the trace at each candidate size replayed through the caching model;
+    #: "linear": the two peaks' line (the runs' events differ)
+    method: str = "linear"
 
     def to_json(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def fit_size(preds: Sequence[Prediction], sizes: Sequence[int], size_name: str = "size") -> SizeFit:
-    """Interpolates the caching model's peak reserved between two runs of ``sizes`` and
-    gives the largest size whose predicted peak fits in the usable capacity."""
+def _scaled(t1: Trace, t2: Trace, s1: int, s2: int, s: int) -> Trace:
+    f = (s - s1) / (s2 - s1)
+    events = [dataclasses.replace(a, size=max(1, round(a.size + (b.size - a.size) * f)))
+              if a.size != b.size else a for a, b in zip(t1.events, t2.events)]
+    return dataclasses.replace(t1, events=events)
+
+
+def _same_events(t1: Trace, t2: Trace) -> bool:
+    return len(t1.events) == len(t2.events) and all(
+        a.action == b.action for a, b in zip(t1.events, t2.events))
+
+
+def fit_size(preds: Sequence[Prediction], sizes: Sequence[int], size_name: str = "size",
+             traces: Optional[Sequence[Trace]] = None, alloc_conf: Optional[str] = None) -> SizeFit:
+    """The largest size whose run fits in the usable capacity, from two runs of ``sizes``.
+
+    With ``traces`` holding the same events in the same order (a model's step at two batch
+    sizes), each event's size is interpolated linearly and the trace of each candidate size
+    is replayed through the caching model (bisection): the allocator's rounding and cache
+    are those of that size. Otherwise the two peaks' line is used."""
+    from gpumm.replay import replay
+
     if len(preds) != 2 or len(sizes) != 2:
         raise InvalidArgumentError("interpolation needs exactly two recordings and two sizes")
     (s1, s2), (p1, p2) = sizes, (preds[0].peak_reserved, preds[1].peak_reserved)
@@ -294,9 +316,20 @@ def fit_size(preds: Sequence[Prediction], sizes: Sequence[int], size_name: str =
     slope = (p2 - p1) / (s2 - s1)
     fixed = p1 - slope * s1
     usable = min(p.usable for p in preds)
-    if slope <= 0:
-        largest = None
-    else:
-        largest = int((usable - fixed) // slope)
-        largest = largest if largest > 0 else 0
-    return SizeFit(list(sizes), [p1, p2], slope, fixed, usable, largest, size_name)
+    if traces is not None and len(traces) == 2 and _same_events(*traces):
+        opts = parse_alloc_conf(alloc_conf).options
+
+        def fits(s: int) -> bool:
+            t = _scaled(traces[0], traces[1], s1, s2, s)
+            r = replay(t, ["caching"], capacity=usable, min_capacity=False, caching_options=opts)
+            return not r.results["caching"].ooms
+
+        lo, hi = 0, max(s1, s2)
+        while fits(hi) and hi < (1 << 40):
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:  # fits(lo) (or lo == 0), not fits(hi)
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return SizeFit(list(sizes), [p1, p2], slope, fixed, usable, lo, size_name, "replayed")
+    largest = None if slope <= 0 else max(0, int((usable - fixed) // slope))
+    return SizeFit(list(sizes), [p1, p2], slope, fixed, usable, largest, size_name, "linear")

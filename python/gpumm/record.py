@@ -408,6 +408,8 @@ def _modes(rec: Recorder, fake: bool, remap: bool) -> Tuple[Any, Any]:
                 if i is None:
                     if fake_cls is not None and not isinstance(t, fake_cls):
                         continue  # host data the fake mode is about to lift
+                    if t.dim() == 0:
+                        continue  # a Python number wrapped for the call: a kernel argument
                     i = track(st)
                     on_gpu = gpu or t.device.type == "cuda"
                     if st._cdata in before:
@@ -416,8 +418,9 @@ def _modes(rec: Recorder, fake: bool, remap: bool) -> Tuple[Any, Any]:
                         rec.alloc(i, st.nbytes(), on_gpu, "", None)
                 if i in rec.gpu_keys:
                     gpu = True
-            if fake and func is scalar:
-                return 1 if not inputs[0].dtype.is_floating_point else 1.0
+            if fake and func is scalar:  # no data: False (ends `while x.any()` loops), else 1
+                dtype = inputs[0].dtype
+                return False if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
             out = func(*args, **kwargs)
             stack = None
             for t in tree_flatten(out)[0]:
