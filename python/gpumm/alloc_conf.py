@@ -90,6 +90,14 @@ def _int(key: str, value: str) -> int:
     return int(value)
 
 
+def _float(key: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidArgumentError(f"PYTORCH_CUDA_ALLOC_CONF: {key} expects a number, got "
+                                   f"{value!r}") from None
+
+
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -195,11 +203,7 @@ def parse_alloc_conf(text: Optional[str]) -> AllocConf:
                     "counts are not replayed (sizes are rounded in 512 B steps instead)"
                 )
         elif key == "garbage_collection_threshold":
-            try:
-                f = float(value)
-            except ValueError:
-                raise InvalidArgumentError(f"PYTORCH_CUDA_ALLOC_CONF: {key} expects a number, "
-                                           f"got {value!r}") from None
+            f = _float(key, value)
             if not 0.0 < f < 1.0:
                 raise InvalidArgumentError(f"PYTORCH_CUDA_ALLOC_CONF: {key} must be between 0 "
                                            f"and 1 (exclusive), got {value}")
@@ -209,11 +213,7 @@ def parse_alloc_conf(text: Optional[str]) -> AllocConf:
                 "fraction; the model does not, so its peak reserved is an upper bound"
             )
         elif key == "per_process_memory_fraction":
-            try:
-                f = float(value)
-            except ValueError:
-                raise InvalidArgumentError(f"PYTORCH_CUDA_ALLOC_CONF: {key} expects a number, "
-                                           f"got {value!r}") from None
+            f = _float(key, value)
             if not 0.0 < f <= 1.0:
                 raise InvalidArgumentError(f"PYTORCH_CUDA_ALLOC_CONF: {key} must be in (0, 1], "
                                            f"got {value}")

@@ -229,7 +229,7 @@ def predict(
     c, g = at_cap.results["caching"], at_cap.results["gpumm"]
     failure = None
     if c.ooms:
-        o = dict(c.ooms[0])
+        o: Dict[str, Any] = dict(c.ooms[0])
         i = p.source_index[o["event"]] if o["event"] < len(p.source_index) else -1
         o["op"] = ops[i] if 0 <= i < len(ops) else ""
         o["stack"] = _stack(trace, i) if i >= 0 else []

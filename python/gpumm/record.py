@@ -40,6 +40,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from gpumm.errors import InvalidArgumentError
+from gpumm.record_hooks import cuda_shim, fake_swap, live_storages, step_hooks, stopping
 
 __all__ = ["Recorder", "record", "recording_info", "StopRecording"]
 
@@ -57,8 +58,8 @@ class StopRecording(BaseException):
 
 
 def _stack(limit: int = 64) -> Tuple[Tuple[str, int, str], ...]:
-    f = sys._getframe(2)
-    out = []
+    f: Any = sys._getframe(2)
+    out: List[Tuple[str, int, str]] = []
     while f is not None and len(out) < limit:
         name = f.f_code.co_filename
         if not name.endswith(_SKIP) and "torch/utils/_python_dispatch" not in name:
@@ -372,7 +373,7 @@ def _modes(rec: Recorder, fake: bool, remap: bool) -> Tuple[Any, Any]:
     # a storage's identity: its StorageImpl address while the same Python object holds it
     # (an address comes back for a new storage, sometimes before the old one's finalizer ran)
     tracked: Dict[int, Tuple[int, Any]] = {}
-    before = _live_storages()
+    before = live_storages()
     counter = itertools.count(1)
 
     def ident(st: Any) -> Optional[int]:
@@ -442,129 +443,6 @@ def _modes(rec: Recorder, fake: bool, remap: bool) -> Tuple[Any, Any]:
     return StorageMode(), DeviceMode()
 
 
-def _live_storages() -> "set[int]":
-    """The StorageImpl addresses of every tensor alive now."""
-    import gc
-
-    import torch
-
-    out = set()
-    for o in gc.get_objects():
-        if issubclass(type(o), torch.Tensor):  # type(), not isinstance: no lazy getattr
-            try:
-                out.add(o.untyped_storage()._cdata)
-            except (RuntimeError, NotImplementedError):
-                continue  # a tensor without storage (sparse, nested, functional wrapper)
-    return out
-
-
-@contextlib.contextmanager
-def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
-
-
-def _copy(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A distinct function object doing what ``fn`` does."""
-    return lambda *a, **k: fn(*a, **k)
-
-
-@contextlib.contextmanager
-def _cuda_shim(rec: Recorder) -> Iterator[None]:
-    """``torch.cuda`` calls answered without a GPU; autocast on CUDA becomes CPU autocast."""
-    import torch
-    import torch._dynamo  # noqa: F401 - its rule tables read torch.cuda: build them unpatched
-
-    def nothing(*a: Any, **k: Any) -> None:
-        return None
-
-    stats = {"memory_allocated": lambda *a, **k: rec.live_bytes,
-             "max_memory_allocated": lambda *a, **k: rec.peak_bytes,
-             "memory_reserved": lambda *a, **k: rec.live_bytes,
-             "max_memory_reserved": lambda *a, **k: rec.peak_bytes}
-    real_autocast = torch.autocast
-
-    class autocast(real_autocast):  # type: ignore[misc,valid-type]
-        def __init__(self, device_type: str = "cuda", *a: Any, **k: Any) -> None:
-            if device_type == "cuda":
-                device_type = "cpu"
-                if not a:  # CUDA autocast's default dtype, not the CPU's bfloat16
-                    k.setdefault("dtype", torch.float16)
-            super().__init__(device_type, *a, **k)
-
-    with contextlib.ExitStack() as es:
-        for n in ("synchronize", "empty_cache", "reset_peak_memory_stats", "manual_seed",
-                  "manual_seed_all", "set_device", "reset_max_memory_allocated"):
-            es.enter_context(_patched(torch.cuda, n, _copy(nothing)))
-        for n, fn in stats.items():
-            es.enter_context(_patched(torch.cuda, n, fn))
-        es.enter_context(_patched(torch.cuda, "is_bf16_supported", lambda *a, **k: True))
-        es.enter_context(_patched(torch.cuda.memory, "_record_memory_history", _copy(nothing)))
-        es.enter_context(_patched(torch.cuda.memory, "_dump_snapshot", _copy(nothing)))
-        for n in ("range_push", "range_pop", "mark"):
-            es.enter_context(_patched(torch.cuda.nvtx, n, _copy(nothing)))
-        es.enter_context(_patched(torch.cuda.nvtx, "range", lambda *a, **k: contextlib.nullcontext()))
-        es.enter_context(_patched(torch, "autocast", autocast))
-        es.enter_context(_patched(torch.amp, "autocast", autocast))
-        yield
-
-
-@contextlib.contextmanager
-def _step_hooks(rec: Recorder) -> Iterator[None]:
-    import torch
-    import torch.optim.optimizer as optim_mod
-    from torch.nn.modules import module as mod
-
-    depth = [0]
-
-    def pre(m: Any, args: Any) -> None:
-        depth[0] += 1
-
-    def post(m: Any, args: Any, out: Any) -> None:
-        depth[0] -= 1
-        if depth[0] == 0:
-            rec.step_end("forward")
-
-    init = torch.optim.Optimizer.__init__
-
-    def opt_init(self: Any, *a: Any, **k: Any) -> None:
-        rec.has_optimizer = True
-        init(self, *a, **k)
-
-    hooks = [mod.register_module_forward_pre_hook(pre), mod.register_module_forward_hook(post),
-             optim_mod.register_optimizer_step_post_hook(
-                 lambda *a, **k: rec.step_end("optimizer"))]
-    try:
-        with _patched(torch.optim.Optimizer, "__init__", opt_init):
-            yield
-    finally:
-        for h in hooks:
-            h.remove()
-
-
-@contextlib.contextmanager
-def _fake_swap(fake_mode: Any) -> Iterator[None]:
-    """``Module.to`` swaps fake parameters with ``torch.utils.swap_tensors``, which refuses a
-    tensor with a weakref, and the fake mode's memo holds one to each tensor it made: drop
-    the two tensors' memo entries first (they only speed up converting real tensors)."""
-    import torch
-
-    orig = torch.utils.swap_tensors
-
-    def swap(t1: Any, t2: Any) -> Any:
-        memo = fake_mode.fake_tensor_converter.tensor_memo
-        for k in [k for k, v in list(memo.items()) if v is t1 or v is t2]:
-            del memo[k]
-        return orig(t1, t2)
-
-    with _patched(torch.utils, "swap_tensors", swap):
-        yield
-
-
 @contextlib.contextmanager
 def record(path: Optional[PathLike] = None, steps: Optional[int] = None, warmup: int = 0,
            fake: bool = False, stacks: bool = True, step_on: str = "auto",
@@ -593,18 +471,16 @@ def record(path: Optional[PathLike] = None, steps: Optional[int] = None, warmup:
             from torch._subclasses.fake_tensor import FakeTensorMode
 
             fm = FakeTensorMode(allow_non_fake_inputs=True)
-            es.enter_context(_fake_swap(fm))
+            es.enter_context(fake_swap(fm))
             es.enter_context(fm)
         if remap:
-            es.enter_context(_cuda_shim(rec))
-        es.enter_context(_step_hooks(rec))
+            es.enter_context(cuda_shim(rec))
+        es.enter_context(step_hooks(rec))
         es.enter_context(device_mode)
         es.enter_context(storage_mode)
         try:
-            yield rec
-        except StopRecording:
-            if not stop:
-                raise
+            with stopping(stop):
+                yield rec
         finally:
             es.close()
             rec.recording = False

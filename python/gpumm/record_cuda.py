@@ -23,7 +23,8 @@ def record_cuda(path: Optional[Union[str, "os.PathLike[str]"]], steps: Optional[
     """Records the block's CUDA allocations with PyTorch's allocator history."""
     import torch
 
-    from gpumm.record import Recorder, StopRecording, _step_hooks
+    from gpumm.record import Recorder
+    from gpumm.record_hooks import step_hooks, stopping
 
     rec = Recorder(steps, warmup, False, step_on, progress, stop, "cuda")
     started = {"on": False}
@@ -45,12 +46,8 @@ def record_cuda(path: Optional[Union[str, "os.PathLike[str]"]], steps: Optional[
     if warmup == 0:
         start()
     try:
-        with _step_hooks(rec):
-            try:
-                yield rec
-            except StopRecording:
-                if not stop:
-                    raise
+        with step_hooks(rec), stopping(stop):
+            yield rec
     finally:
         torch.cuda.synchronize()
         snap: Dict[str, Any] = torch.cuda.memory._snapshot() if started["on"] else {}
