@@ -208,5 +208,8 @@ def _print(p: Any, out: Console) -> None:
         out.print(f"  [red]first failure[/red]: {format_size(f['size'])} ({f.get('op') or '?'}) "
                   f"with {format_size(f['live'])} live, {format_size(f['reserved'])} reserved, "
                   f"largest free {format_size(f['largest_free'])}", highlight=False)
-        for line in f.get("stack", [])[:8]:
-            out.print(f"      {line}", highlight=False)
+        stack = f.get("stack", [])
+        sep = os.sep + "torch" + os.sep
+        mine = [line for line in stack if sep not in line and "<frozen" not in line]
+        for line in (mine or stack)[:8]:  # the program's own frames first
+            out.print(f"      {line}", highlight=False, emoji=False, markup=False)

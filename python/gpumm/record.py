@@ -49,7 +49,10 @@ _BASE = 0x7F0000000000  # where synthetic addresses start
 # frames of the machinery itself, left out of stacks
 _SKIP = (os.sep + os.path.join("gpumm", "record.py"), os.path.join("torch", "_ops.py"),
          os.path.join("utils", "_python_dispatch.py"), os.path.join("torch", "overrides.py"),
-         os.path.join("utils", "_stats.py"), os.path.join("_subclasses", "fake_tensor.py"))
+         os.path.join("utils", "_stats.py"), os.path.join("_subclasses", "fake_tensor.py"),
+         os.path.join("gpumm", "cli_record.py"), os.path.join("gpumm", "cli.py"),
+         os.path.join("gpumm", "__main__.py"), os.sep + "runpy.py", "<frozen runpy>",
+         os.path.join("bin", "gpumm"), os.sep + "contextlib.py")
 
 
 class StopRecording(BaseException):
