@@ -480,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("file", help="the metrics file the process publishes")
     tp.add_argument("--once", action="store_true", help="print one view and exit")
     tp.add_argument("--seconds", type=int, default=0, help="stop after this many seconds")
+    __import__("gpumm.cli_record").cli_record.register(sub)
     return p
 
 
@@ -494,6 +495,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.oversubscription = args.oversubscription if args.factor_given else 1.0
     out = Console()
     try:
+        if args.command in ("record", "predict"):
+            return __import__("gpumm.cli_record").cli_record.dispatch(args, out)
         commands = {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay, "uvm": cmd_uvm,
                     "doctor": cmd_doctor, "top": cmd_top}
         return commands[args.command](args, out)
