@@ -284,9 +284,12 @@ def run_model(name: str, p: Prepared, cap: int, opts: Dict[str, Any], step: int,
     if name.startswith("caching") and raw["addressed_allocs"]:
         r.address_match = raw["address_matches"] / raw["addressed_allocs"]
     if min_capacity:
-        # A run that never failed never reserved more than its peak, so on a device of that
-        # size it makes the same choices: the search stops there.
-        hi = cap if r.ooms or raw.get("preload_failed") else min(cap, -(-r.peak_reserved // step) * step)
+        # The caching models ask the device for memory only to grow: a run that never failed
+        # makes the same choices on a device of its own peak, so the search stops there (a
+        # buddy arena's layout depends on the capacity: not for the others).
+        hi = cap
+        if name.startswith("caching") and not r.ooms and not raw.get("preload_failed"):
+            hi = min(cap, -(-r.peak_reserved // step) * step)
         try:
             r.min_capacity = _core.replay_min_capacity(
                 name, *arrays, p.start, peak_live=p.peak_live, hi=hi, step=step, options=opts)
