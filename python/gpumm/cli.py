@@ -296,8 +296,13 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
             with open(args.json, "w") as f:
                 f.write(text + "\n")
     if args.html:
+        from gpumm.doctor import diagnose_trace
+        from gpumm.tune import tune
+
+        diags = [diagnose_trace(t, args.capacity) for t in traces]
+        tuned = [tune(t, capacity=args.capacity) for t in traces]
         with open(args.html, "w") as f:
-            f.write(html_report(reports))
+            f.write(html_report(reports, traces, diags, tuned))
     if quiet:
         return 0
     _devices_note(traces, out, "replayed")

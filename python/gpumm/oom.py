@@ -22,7 +22,7 @@ from gpumm.traces.base import Trace
 from gpumm.units import format_size as fs
 from gpumm.units import parse_size
 
-__all__ = ["OomState", "state_at_oom", "live_at", "recorded_reserved_at", "try_fix",
+__all__ = ["OomState", "state_at_oom", "live_at", "live_blocks_at", "recorded_reserved_at", "try_fix",
            "explain_recorded_oom"]
 
 _HUGE = 1 << 50  # a capacity no trace reaches: the state replay must not fail on its own
@@ -50,9 +50,9 @@ class OomState:
     holders: List[Tuple[str, int, int, List[str]]]
 
 
-def live_at(t: Trace, index: int) -> List[Tuple[int, List[str]]]:
-    """The allocations live just before event ``index``: (requested bytes, stack) each (the
-    start state's blocks have no stack)."""
+def live_blocks_at(t: Trace, index: int) -> List[Tuple[int, int, List[str]]]:
+    """The allocations live just before event ``index``: (address, requested bytes, stack)
+    each, in address order (the start state's blocks have no stack)."""
     live: Dict[int, Tuple[int, int]] = {}
     if t.start is not None:
         for addr, req, _, _ in t.start.blocks:
@@ -62,7 +62,13 @@ def live_at(t: Trace, index: int) -> List[Tuple[int, List[str]]]:
             live[e.ptr] = (e.size, e.frames)
         elif e.action == "free":
             live.pop(e.ptr, None)
-    return [(size, t.frames[f] if 0 <= f < len(t.frames) else []) for size, f in live.values()]
+    return [(a, size, t.frames[f] if 0 <= f < len(t.frames) else [])
+            for a, (size, f) in sorted(live.items())]
+
+
+def live_at(t: Trace, index: int) -> List[Tuple[int, List[str]]]:
+    """:func:`live_blocks_at` as (requested bytes, stack) pairs."""
+    return [(size, stack) for _, size, stack in live_blocks_at(t, index)]
 
 
 def recorded_reserved_at(t: Trace, index: int) -> int:
