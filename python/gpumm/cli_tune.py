@@ -66,7 +66,7 @@ def cmd_tune(args: argparse.Namespace, out: Console) -> int:
         for col in ("#", "PYTORCH_CUDA_ALLOC_CONF", "peak reserved", "smallest device",
                     f"OOMs at {format_size(r.capacity)}", "note"):
             tab.add_column(col, justify="left" if col in ("PYTORCH_CUDA_ALLOC_CONF", "note")
-                           else "right")
+                           else "right", overflow="fold")
         shown = r.candidates[:args.top]
         if r.recorded not in shown:
             shown = shown + [r.recorded]

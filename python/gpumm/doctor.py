@@ -42,6 +42,7 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
     if t.format == "snapshot":
         _snapshot_state(t, d)
     fails = t.recorded_ooms()
+    oom_findings: List[Finding] = []
     if fails:
         first = recorded_oom_text(fails[0], len(t.events),
                                   t.device if t.format == "snapshot" else None,
@@ -50,8 +51,7 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
                     fails[0]["size"]))
         from gpumm.oom import explain_recorded_oom
 
-        for f in explain_recorded_oom(t, fails[0], capacity):
-            add(f)
+        oom_findings = [d.findings.pop()] + explain_recorded_oom(t, fails[0], capacity)
     rep = replay(t, ["gpumm", "caching", "driver"], capacity=capacity)
     for name, r in rep.results.items():
         if r.error:
@@ -68,7 +68,9 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
                     f"vs {fs(g.peak_reserved)})", c.peak_reserved - g.peak_reserved))
     add(Finding("fact", f"peak live {fs(rep.peak_live)}; no allocator can need less than "
                 f"{fs(drv.min_capacity or rep.peak_live)} of device for this trace"))
-    return d.rank()
+    d.rank()
+    d.findings = oom_findings + d.findings  # the recorded failure first: it is the question
+    return d
 
 
 def _fs(n: Optional[int]) -> str:

@@ -86,7 +86,7 @@ def timeline_block(report: Report, trace: Any, colors: Dict[str, str]) -> str:
     text = json.dumps(data).replace("</", "<\\/")
     return (f'<script type="application/json" id="{ident}-data">{text}</script>'
             f'<svg class="tl" id="{ident}" data-src="{ident}-data" width="960" height="340" '
-            f'viewBox="0 0 960 340" role="img" aria-label="memory over time"></svg>'
+            f'viewBox="0 0 960 340" role="img" aria-label="memory timeline"></svg>'
             f'<p class="small">Wheel: zoom; drag: pan; double click: the whole trace. Red '
             f'lines: recorded out-of-memory failures.</p>')
 

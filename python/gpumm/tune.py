@@ -105,9 +105,12 @@ class Candidate:
                 "recorded": self.recorded, "error": self.error}
 
 
-def _rank_key(c: Candidate) -> Tuple[int, int, int, int, int]:
+def _rank_key(c: Candidate) -> Tuple[int, int, int, int, int, int]:
+    """Working before failing, unflagged before flagged, fewer OOMs, a smaller device, a lower
+    peak, then the shorter setting (of equal results, the one that changes least)."""
     return (c.error is not None, bool(c.flag), c.ooms,
-            c.min_capacity if c.min_capacity is not None else 1 << 62, c.peak_reserved)
+            c.min_capacity if c.min_capacity is not None else 1 << 62, c.peak_reserved,
+            len(c.alloc_conf))
 
 
 @dataclass
