@@ -15,7 +15,11 @@ from shared_traces import TRACES, needs_shared
 
 SOME = [dict(DEFAULTS), dict(DEFAULTS, max_split_size=256 << 20, roundup_power2_divisions=4),
         dict(DEFAULTS, expandable_segments=True),
-        dict(DEFAULTS, expandable_segments=True, max_split_size=512 << 20)]
+        dict(DEFAULTS, expandable_segments=True, max_split_size=512 << 20),
+        # above every request of these traces: tune replays it once with the defaults' key,
+        # and the test replays it on its own
+        dict(DEFAULTS, max_split_size=2048 << 20, roundup_power2_divisions=8),
+        dict(DEFAULTS, roundup_power2_divisions=8)]
 
 
 def test_grid_has_at_least_fifty_distinct_settings():
@@ -57,7 +61,7 @@ def test_flagged_combination_ranks_last():
 def test_recorded_setting_has_its_row():
     """The 3-GPU snapshot recorded expandable_segments:True: that is its recorded row."""
     t = read_traces(TRACES / "wild" / "code_location_qwen3_train.pickle")[1]
-    r = tune(t, settings=SOME[:2], workers=2)
+    r = tune(t, settings=SOME[:2], workers=2)  # the recorded setting is added
     assert r.recorded.alloc_conf == "expandable_segments:True"
     assert r.recorded.options["expandable_segments"] is True
 

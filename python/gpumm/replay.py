@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from array import array
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from gpumm import _core
@@ -32,7 +33,8 @@ from gpumm.traces.base import Trace
 from gpumm.units import MiB, SizeLike, parse_size
 
 __all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "replay",
-           "read_devices", "replay_file", "devices_json", "run_model", "recorded_options"]
+           "read_devices", "replay_file", "devices_json", "run_model", "recorded_options",
+           "as_buffers"]
 
 #: Every allocator model, in report order.
 ALLOCATORS: Tuple[str, ...] = tuple(_core.ALLOCATORS)
@@ -247,6 +249,21 @@ def _core_failure(e: BaseException) -> bool:
     return isinstance(e, GpummError) or type(e).__name__ == "PanicException"
 
 
+def as_buffers(p: Prepared) -> Prepared:
+    """``p`` with its event arrays as uint64 buffers (``array('Q')``): the core reads a
+    buffer in one copy where it converts a list item by item holding the GIL (on 10^5
+    events about half of a driver-model replay's time). A value that does not fit (none
+    from the readers) leaves ``p`` as it is."""
+    if not p.actions:  # an empty array's buffer has no aligned address to give
+        return p
+    try:
+        cols = [array("Q", a) for a in (p.actions, p.ids, p.sizes, p.streams, p.addrs)]
+    except (OverflowError, TypeError):
+        return p
+    return replace(p, actions=cols[0], ids=cols[1], sizes=cols[2], streams=cols[3],
+                   addrs=cols[4])
+
+
 def run_model(name: str, p: Prepared, cap: int, opts: Dict[str, Any], step: int,
               min_capacity: bool = True) -> AllocatorResult:
     """One allocator's replay of a prepared trace at ``cap`` bytes with caching-model options
@@ -320,7 +337,7 @@ def replay(
         )
     cap = parse_size(capacity) if capacity is not None else get_device(device).vidmem
     unit = parse_size(step)
-    p = prepare(trace)
+    p = as_buffers(prepare(trace))
     opts = recorded_options(trace, caching_options)
     t0 = time.perf_counter()
     results: Dict[str, AllocatorResult] = {}

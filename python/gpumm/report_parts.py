@@ -86,9 +86,38 @@ def timeline_block(report: Report, trace: Any, colors: Dict[str, str]) -> str:
     text = json.dumps(data).replace("</", "<\\/")
     return (f'<script type="application/json" id="{ident}-data">{text}</script>'
             f'<svg class="tl" id="{ident}" data-src="{ident}-data" width="960" height="340" '
-            f'viewBox="0 0 960 340" role="img" aria-label="memory timeline"></svg>'
+            f'viewBox="0 0 960 340" role="img" aria-label="memory timeline">'
+            f'{_static_timeline(data)}</svg>'
             f'<p class="small">Wheel: zoom; drag: pan; double click: the whole trace. Red '
             f'lines: recorded out-of-memory failures.</p>')
+
+
+def _static_timeline(data: Dict[str, Any], w: int = 960, h: int = 340) -> str:
+    """The whole trace as :data:`SCRIPT` first draws it (the page without its script shows
+    this)."""
+    pad_l, pad_r, pad_t, pad_b = 70, 10, 10, 34
+    t1 = data["t1"] or 1.0
+    top = max([v for s in data["series"] for _, v in s["pts"]] + [1])
+    sx, sy = (w - pad_l - pad_r) / t1, (h - pad_t - pad_b) / top
+    out = [f'<rect x="0" y="0" width="{w}" height="{h}" fill="white"/>']
+    for k in range(5):
+        y = h - pad_b - (h - pad_t - pad_b) * k / 4
+        out.append(f'<line x1="{pad_l}" y1="{y:.1f}" x2="{w - pad_r}" y2="{y:.1f}" stroke="#ddd"/>'
+                   f'<text x="{pad_l - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">'
+                   f'{html.escape(format_size(int(top * k / 4)))}</text>')
+    for k in range(7):
+        t = t1 * k / 6
+        out.append(f'<text x="{pad_l + t * sx:.1f}" y="{h - pad_b + 14}" font-size="11" '
+                   f'text-anchor="middle">{t:.{3 if t1 < 1 else 1}f}</text>')
+    out.append(f'<text x="{(pad_l + w) / 2:.0f}" y="{h - 4}" font-size="11" '
+               f'text-anchor="middle">time (s)</text>')
+    for s in data["series"]:
+        pts = " ".join(f"{pad_l + t * sx:.1f},{h - pad_b - v * sy:.1f}" for t, v in s["pts"])
+        dash = ' stroke-dasharray="5,3"' if s["dash"] else ""
+        out.append(f'<polyline fill="none" stroke="{s["color"]}" stroke-width="'
+                   f'{2 if s["dash"] else 1.5}"{dash} points="{pts}"><title>'
+                   f'{html.escape(s["name"])}</title></polyline>')
+    return "".join(out)
 
 
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gpumm.arch import get_device
-from gpumm.replay import prepare, recorded_options, run_model
+from gpumm.replay import as_buffers, prepare, recorded_options, run_model
 from gpumm.traces.base import Trace
 from gpumm.units import MiB, SizeLike, parse_size
 
@@ -37,7 +37,8 @@ BAD_COMBINATION = ("max_split_size_mb with expandable_segments: PyTorch's reserv
                    "without bound (pytorch/pytorch#123548)")
 
 _SPLITS_MB = (0, 64, 128, 256, 512, 1024, 2048)
-_DIVISIONS = (0, 1, 2, 4, 8, 16)
+#: (1 is no rounding, as 0: PyTorch rounds only with more than one division)
+_DIVISIONS = (0, 2, 4, 8, 16, 32)
 
 
 def options_from_conf(text: str) -> Dict[str, Any]:
@@ -69,8 +70,8 @@ def alloc_conf_text(opts: Dict[str, Any]) -> str:
 
 def candidates() -> List[Dict[str, Any]]:
     """The settings searched (54 option dicts): without expandable segments every
-    ``max_split_size_mb`` (none, 64 ... 2048) with every ``roundup_power2_divisions`` (none, 1
-    ... 16); with them every division count, and each split size once (the known-bad
+    ``max_split_size_mb`` (none, 64 ... 2048) with every ``roundup_power2_divisions`` (none, 2
+    ... 32); with them every division count, and each split size once (the known-bad
     combination, flagged)."""
     out = [{"expandable_segments": False, "max_split_size": m * MiB, "roundup_power2_divisions": d}
            for m in _SPLITS_MB for d in _DIVISIONS]
@@ -130,6 +131,16 @@ class TuneResult:
         return self.candidates[0]
 
 
+def _largest_block(p: Any) -> int:
+    """An upper bound of every request's and segment's size the caching model sees (the
+    allocation rounding: 20 MiB for mid-sized requests, 2 MiB steps above)."""
+    sizes = [s for a, s in zip(p.actions, p.sizes) if a in (0, 2, 4)]
+    if p.start:
+        sizes += [seg[1] for seg in p.start[0]]
+    top = max(sizes, default=0)
+    return max(20 * MiB, -(-top // (2 * MiB)) * 2 * MiB)
+
+
 def tune(trace: Trace, capacity: Optional[SizeLike] = None, device: str = "h100",
          step: SizeLike = 64 * MiB, workers: Optional[int] = None,
          settings: Optional[Sequence[Dict[str, Any]]] = None) -> TuneResult:
@@ -138,7 +149,7 @@ def tune(trace: Trace, capacity: Optional[SizeLike] = None, device: str = "h100"
     ``device``'s), on ``workers`` threads (default: every core)."""
     cap = parse_size(capacity) if capacity is not None else get_device(device).vidmem
     unit = parse_size(step)
-    p = prepare(trace)
+    p = as_buffers(prepare(trace))
     rec_opts = dict(DEFAULTS)
     rec_opts.update(recorded_options(trace, None))
     if rec_opts.get("max_split_size", 0) < 0:
@@ -147,16 +158,32 @@ def tune(trace: Trace, capacity: Optional[SizeLike] = None, device: str = "h100"
     if rec_opts not in todo:
         todo.append(rec_opts)
 
+    bound = _largest_block(p)
+
+    def key(opts: Dict[str, Any]) -> Tuple[bool, int, int]:
+        """Settings the model cannot tell apart share a key: without expandable segments, a
+        split size above every request and segment compares as none does."""
+        split = opts["max_split_size"] or 0
+        if not opts["expandable_segments"] and split > bound:
+            split = 0
+        return (opts["expandable_segments"], split, opts["roundup_power2_divisions"])
+
+    distinct: Dict[Tuple[bool, int, int], Dict[str, Any]] = {}
+    for o in todo:
+        distinct.setdefault(key(o), o)
+    n = workers or os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=n) as ex:
+        fut_g = ex.submit(run_model, "gpumm", p, cap, {}, unit)
+        runs = dict(zip(distinct, ex.map(lambda o: run_model("caching", p, cap, o, unit),
+                                         distinct.values())))
+
     def one(opts: Dict[str, Any]) -> Candidate:
-        r = run_model("caching", p, cap, opts, unit)
+        r = runs[key(opts)]
         flag = BAD_COMBINATION if opts["expandable_segments"] and opts["max_split_size"] else ""
         return Candidate(alloc_conf_text(opts), opts, r.peak_reserved, r.min_capacity,
                          len(r.ooms), flag, opts == rec_opts, r.error)
 
-    n = workers or os.cpu_count() or 1
-    with ThreadPoolExecutor(max_workers=n) as ex:
-        fut_g = ex.submit(run_model, "gpumm", p, cap, {}, unit)
-        done = list(ex.map(one, todo))
+    done = [one(o) for o in todo]
     ranked = sorted(done, key=_rank_key)
     recorded = next(c for c in ranked if c.recorded)
     return TuneResult(ranked, recorded, fut_g.result(), cap, p.peak_live, trace.device)
