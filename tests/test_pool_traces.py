@@ -1,4 +1,4 @@
-"""The pool's reserve on real training traces (RMM logs in ../shared/traces), the numbers
+"""The pool's reserve on real training traces (the RMM logs of tests/corpus.py), the numbers
 issue 3 asks for: peak reserved at most 1.02 × peak live + 4 MiB, and the smallest capacity
 that runs the trace at most 1.03 × peak live + 4 MiB."""
 
@@ -8,13 +8,17 @@ import pytest
 from gpumm.traces import min_capacity, read_rmm_csv, replay_pool
 from gpumm.units import MiB
 
-from shared_traces import TRACES, needs_shared
+import corpus
 
 
-@needs_shared
-@pytest.mark.parametrize("name", ["gpt2_train", "bert_train", "resnet50_train"])
-def test_reserve_close_to_live(name):
-    trace = read_rmm_csv(TRACES / f"{name}.csv.gz")
+# shared and recorded RMM logs; where the pool misses its target today (issue 25's recordings)
+@pytest.mark.parametrize("path", corpus.params(corpus.RMM, {
+    "recorded/gpt2_decode.csv.gz": "1.69 x the 29.6 MiB peak live",
+    "recorded/llama_decode.csv.gz": "1.43 x the 11.2 MiB peak live",
+    "recorded/unet_train.csv.gz": "1.040 x peak live",
+    "recorded/vit_train.csv.gz": "1.034 x peak live"}))
+def test_reserve_close_to_live(path):
+    trace = read_rmm_csv(path)
     peak = trace.peak_live()
     r = replay_pool(trace, "80GiB")
     assert r.failures == 0 and r.peak_live == peak

@@ -18,15 +18,24 @@ from gpumm.report import _map_svg, explain_ooms, html_report
 from gpumm.traces import read_rmm_csv, read_trace
 from gpumm.units import MiB
 
+import corpus
 from shared_traces import TRACES, needs_shared
-ALL = ["gpt2_train.csv.gz", "bert_train.csv.gz", "resnet50_train.csv.gz",
-       "compile_train.pickle", "cs336_ctx128_forward.pickle", "magma_train.pickle",
-       "forward_bf16.pickle", "oom_state.pickle", "opt13_state.pickle"]
-HISTORY = ["compile_train.pickle", "cs336_ctx128_forward.pickle", "magma_train.pickle",
-           "forward_bf16.pickle"]
+# open bugs these tests show, by file (issue 25); corpus.params marks them xfail
+PANIC_598 = "caching-expandable panics: rust/replay/models.rs:598, remove_free (issue 25, part 1)"
+PANIC_822 = "caching-expandable panics: rust/replay/models.rs:822, Caching::free (issue 25, part 1)"
+MIXED_DEVICES = "the events of 3 devices replayed as one device: OOMs at 80 GiB (issue 25, part 2)"
+KNOWN = {"wild/code_location_qwen3_train.pickle": MIXED_DEVICES,
+         "wild/select_n_llama_offload_04d383c.pickle": PANIC_598,
+         "recorded/t5_train.csv.gz": PANIC_598,
+         "recorded/mixtral_moe_train.csv.gz": PANIC_822,
+         "recorded/unet_train.csv.gz": PANIC_822 + "; gpumm reserves 1.040 x peak live",
+         "recorded/gpt2_decode.csv.gz": "gpumm reserves 1.69 x the 29.6 MiB peak live (1.02 x + 4 MiB wanted)",
+         "recorded/vit_train.csv.gz": "gpumm reserves 1.034 x peak live (1.02 x + 4 MiB wanted)",
+         "recorded/llama_decode.csv.gz": "gpumm reserves 1.43 x the 11.2 MiB peak live (1.02 x + 4 MiB wanted)"}
+ALL = corpus.params(corpus.ALL, KNOWN)  # every shared trace (wild/ too) and every recorded one
+HISTORY = corpus.params(corpus.HISTORY, {"wild/code_location_qwen3_train.pickle": MIXED_DEVICES})
 
 
-@needs_shared
 @pytest.mark.parametrize("name", ALL)
 def test_every_allocator_on_every_trace(name):
     report = replay(read_trace(TRACES / name))
@@ -41,7 +50,6 @@ def test_every_allocator_on_every_trace(name):
     assert report.results["driver"].peak_reserved <= g.peak_reserved
 
 
-@needs_shared
 @pytest.mark.parametrize("name", HISTORY)
 def test_caching_model_matches_pytorch(name):
     """From the state rebuilt at the ring buffer's start, the model puts at least 99 % of

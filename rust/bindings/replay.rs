@@ -1,16 +1,64 @@
 //! The replay engine for Python: arrays of events in, a dict of measurements out, with the
 //! GIL released while the engine runs.
+//!
+//! Defence in depth: a panic inside the engine or a model (a bug: the proptests in
+//! rust/replay guard against every one found) is caught here and raised as
+//! `InvalidStateError` naming the model and the event ("caching-expandable: internal error at
+//! event 1234 of 5678: ..."). The panic hook stays quiet for panics caught here: it is
+//! installed once, wraps the hook that was there, and is silent only while this thread is
+//! inside a replay (a thread-local flag); every other panic reaches the previous hook as
+//! before.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::pool::u64_buffer;
 use super::{to_pyerr, IntoPy};
+use std::cell::Cell;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
 use crate::error::Error;
 use crate::replay::{self as engine, Action, CachingOptions, Event, StartState};
 
+thread_local! {
+    /// Set while this thread runs a replay whose panics are caught and reported.
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic into `InvalidStateError` naming `model` and the event reached
+/// (`of` events in all).
+fn guarded<T>(model: &str, of: usize, f: impl FnOnce() -> T) -> Result<T, Error> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let prev = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                prev(info);
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let got = panic::catch_unwind(AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    got.map_err(|payload| {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into());
+        let at = match engine::current_event() {
+            Some(i) => format!("at event {i} of {of}"),
+            None => "while setting up the start state".into(),
+        };
+        Error::InvalidState(format!("{model}: internal error {at}: {msg}"))
+    })
+}
+
 /// Events from parallel arrays (uint64 buffers or lists): action codes (0 alloc, 1 free,
-/// 2 segment_alloc, 3 segment_free), ids, sizes, streams, addresses.
+/// 2 segment_alloc, 3 segment_free, 4 segment_map, 5 segment_unmap), ids, sizes, streams,
+/// addresses.
 fn events(py: Python<'_>, arrays: [&Bound<'_, PyAny>; 5]) -> PyResult<Vec<Event>> {
     let names = ["actions", "ids", "sizes", "streams", "addrs"];
     let cols: Vec<Vec<u64>> = arrays
@@ -58,6 +106,7 @@ fn caching_options(opts: Option<&Bound<'_, PyDict>>) -> PyResult<CachingOptions>
     if let Some(d) = opts {
         if let Some(v) = d.get_item("expandable_segments")? {
             o.expandable_segments = v.extract()?;
+            o.recorded_expandable = o.expandable_segments;
         }
         if let Some(v) = d.get_item("max_split_size")? {
             let v: i64 = v.extract()?;
@@ -98,16 +147,20 @@ pub fn replay<'py>(
         .unwrap_or_default();
     let mut m = engine::model_by_name(model, capacity, opts).py_err(py)?;
     let t0 = std::time::Instant::now();
-    let r = py.detach(|| {
-        engine::run(
-            m.as_mut(),
-            capacity,
-            &start,
-            &ev,
-            peak_event.unwrap_or(usize::MAX),
-            timeline_points,
-        )
-    });
+    let r = py
+        .detach(|| {
+            guarded(model, ev.len(), || {
+                engine::run(
+                    m.as_mut(),
+                    capacity,
+                    &start,
+                    &ev,
+                    peak_event.unwrap_or(usize::MAX),
+                    timeline_points,
+                )
+            })
+        })
+        .py_err(py)?;
     let wall = t0.elapsed().as_secs_f64();
     let d = PyDict::new(py);
     d.set_item("allocator", model)?;
@@ -188,11 +241,24 @@ pub fn replay_min_capacity(
     let start = start
         .map(|(segments, blocks)| StartState { segments, blocks })
         .unwrap_or_default();
-    let name = model.to_string();
-    Ok(py.detach(|| {
-        let make = |cap: u64| engine::model_by_name(&name, cap, opts).expect("known model");
-        engine::min_capacity(&make, &start, &ev, peak_live, hi, step)
-    }))
+    let last_cap = AtomicU64::new(0);
+    let make = |cap: u64| {
+        last_cap.store(cap, Ordering::Relaxed);
+        engine::model_by_name(model, cap, opts)
+    };
+    let got = py.detach(|| {
+        let r = guarded(model, ev.len(), || {
+            engine::min_capacity(&make, &start, &ev, peak_live, hi, step)
+        });
+        r.map_err(|e| {
+            Error::InvalidState(format!(
+                "{} (in the min_capacity search, at a capacity of {} bytes)",
+                e.message(),
+                last_cap.load(Ordering::Relaxed)
+            ))
+        })
+    });
+    got.and_then(|r| r).py_err(py)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -200,4 +266,56 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replay_min_capacity, m)?)?;
     m.add("ALLOCATORS", engine::MODEL_NAMES.to_vec())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model with a bug: its third allocation panics.
+    struct Buggy(u32);
+
+    impl engine::Model for Buggy {
+        fn alloc(&mut self, _id: u32, _size: u64, _stream: u64) -> Option<u64> {
+            self.0 += 1;
+            assert!(self.0 < 3, "boom");
+            Some(u64::from(self.0) << 20)
+        }
+        fn free(&mut self, _id: u32) {}
+        fn reserved(&self) -> u64 {
+            0
+        }
+        fn largest_free(&self) -> u64 {
+            0
+        }
+        fn free_bytes(&self) -> u64 {
+            0
+        }
+        fn live_blocks(&self) -> Vec<(u64, u64)> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn a_panic_becomes_an_error_naming_the_model_and_the_event() {
+        let ev: Vec<Event> = (0..4)
+            .map(|id| Event {
+                action: Action::Alloc,
+                id,
+                size: 1,
+                stream: 0,
+                addr: 0,
+            })
+            .collect();
+        let mut m = Buggy(0);
+        let got = guarded("buggy", ev.len(), || {
+            engine::run(&mut m, 1 << 30, &StartState::default(), &ev, usize::MAX, 1)
+        });
+        let e = got.unwrap_err();
+        assert_eq!(e.kind(), "InvalidStateError");
+        assert_eq!(e.message(), "buggy: internal error at event 2 of 4: boom");
+        // and a replay that does not panic goes through
+        let ok = guarded("driver", 0, || 7);
+        assert_eq!(ok, Ok(7));
+    }
 }

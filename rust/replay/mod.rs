@@ -3,18 +3,23 @@
 //! at that moment, fragmentation at the peak of live memory, and the time each operation took.
 //!
 //! Events name allocations by id (the readers turn pointers into ids), so a model never needs
-//! the trace's addresses, except the `caching` model, which takes the addresses of new segments
-//! from the trace's `segment_alloc` events (`SegmentHint`) so that it can be checked against what
-//! PyTorch really did.
+//! the trace's addresses, except the `caching` models, which take the addresses of new segments
+//! from the trace's `segment_alloc` and `segment_map` events so that they can be checked against
+//! what PyTorch really did.
+//!
+//! No event sequence makes a model panic or lose track of its memory (`proptests.rs` drives
+//! random ones through every model and checks each model's bookkeeping after every event).
 
 #![deny(unsafe_code)]
 
+mod engine;
 mod models;
+#[cfg(test)]
+mod proptests;
 #[cfg(test)]
 mod tests;
 
-use std::time::Instant;
-
+pub use engine::{current_event, min_capacity, run, run_checked, EventCheck};
 pub use models::{model_by_name, CachingOptions, MODEL_NAMES};
 
 /// What happened, in trace order.
@@ -70,7 +75,9 @@ pub struct StartState {
 
 /// An allocator as the engine drives it. Sizes are the requested bytes; `alloc` returns the
 /// address the model chose, or None when it cannot serve the request after everything it
-/// does on a miss (release caches, retry).
+/// does on a miss (release caches, retry). Every method keeps the model whole whatever the
+/// trace holds: an id allocated again while live is freed first, a free of an id not live
+/// does nothing, hints that meet the model's own state are not taken.
 pub trait Model: Send {
     fn alloc(&mut self, id: u32, size: u64, stream: u64) -> Option<u64>;
     fn free(&mut self, id: u32);
@@ -85,16 +92,34 @@ pub trait Model: Send {
     fn layout(&self) -> Vec<(u64, u64, bool)> {
         Vec::new()
     }
+    /// (address, size) of each live allocation as the model placed it, for checks.
+    fn live_blocks(&self) -> Vec<(u64, u64)>;
+    /// The model's own bookkeeping checked whole (for tests; may walk its state).
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
     /// The real allocator took a segment here (only the `caching` models use it).
     fn segment_hint(&mut self, _addr: u64, _size: u64) {}
     /// The real allocator released this segment (only the `caching` models use it).
-    fn segment_released(&mut self, _addr: u64) {}
-    /// Sets up the start state. The default allocates each live block anew.
+    fn segment_released(&mut self, _addr: u64, _size: u64) {}
+    /// The real allocator mapped pages into an expandable segment (only the `caching` models
+    /// use it).
+    fn segment_mapped(&mut self, _addr: u64, _size: u64) {}
+    /// The real allocator unmapped pages of an expandable segment (only the `caching` models
+    /// use it).
+    fn segment_unmapped(&mut self, _addr: u64, _size: u64) {}
+    /// Sets up the start state, all or nothing: on false the model holds nothing of it. The
+    /// default allocates each live block anew.
     fn preload(&mut self, start: &StartState) -> bool {
-        start
-            .blocks
-            .iter()
-            .all(|&(id, _, req, _, stream)| self.alloc(id, req, stream).is_some())
+        for (i, &(id, _, req, _, stream)) in start.blocks.iter().enumerate() {
+            if self.alloc(id, req, stream).is_none() {
+                for b in &start.blocks[..i] {
+                    self.free(b.0);
+                }
+                return false;
+            }
+        }
+        true
     }
 }
 
@@ -142,134 +167,4 @@ impl Replay {
             1.0 - self.largest_free_at_peak as f64 / self.free_at_peak as f64
         }
     }
-}
-
-/// Runs `events` through `model` from `start`. `peak_event` is the index of the event after
-/// which live memory peaks (fragmentation is measured there; `usize::MAX` for none).
-pub fn run(
-    model: &mut dyn Model,
-    capacity: u64,
-    start: &StartState,
-    events: &[Event],
-    peak_event: usize,
-    timeline_points: usize,
-) -> Replay {
-    let mut r = Replay {
-        capacity,
-        events: events.len() as u64,
-        ..Replay::default()
-    };
-    let max_id = events
-        .iter()
-        .map(|e| e.id)
-        .chain(start.blocks.iter().map(|b| b.0))
-        .max()
-        .map_or(0, |m| m as usize + 1);
-    // size of each live id (0: not live)
-    let mut live_size = vec![0u64; max_id];
-    let mut live = 0u64;
-    r.preload_failed = !model.preload(start);
-    if !r.preload_failed {
-        for &(id, _, req, _, _) in &start.blocks {
-            live_size[id as usize] = req;
-            live += req;
-        }
-    }
-    let stride = (events.len() / timeline_points.max(1)).max(1);
-    let mut last_reserved = model.reserved();
-    r.peak_live = live;
-    r.peak_reserved = last_reserved;
-    r.timeline.push((0, live, last_reserved));
-    let mut clock = 0u32;
-    for (i, e) in events.iter().enumerate() {
-        match e.action {
-            Action::Alloc => {
-                r.allocs += 1;
-                clock = clock.wrapping_add(1);
-                let timed = clock % 8 == 0;
-                let t0 = timed.then(Instant::now);
-                let got = model.alloc(e.id, e.size, e.stream);
-                if let Some(t0) = t0 {
-                    r.op_ns_total += t0.elapsed().as_nanos() as u64;
-                    r.ops_timed += 1;
-                }
-                match got {
-                    Some(addr) => {
-                        if e.addr != 0 {
-                            r.addressed_allocs += 1;
-                            r.address_matches += (addr == e.addr) as u64;
-                        }
-                        live_size[e.id as usize] = e.size;
-                        live += e.size;
-                    }
-                    None => r.ooms.push(Oom {
-                        event: i,
-                        size: e.size,
-                        live,
-                        reserved: model.reserved(),
-                        largest_free: model.largest_free(),
-                    }),
-                }
-            }
-            Action::Free => {
-                let s = live_size.get(e.id as usize).copied().unwrap_or(0);
-                if s > 0 {
-                    live_size[e.id as usize] = 0;
-                    live -= s;
-                    model.free(e.id);
-                }
-            }
-            Action::SegmentAlloc => model.segment_hint(e.addr, e.size),
-            Action::SegmentFree => model.segment_released(e.addr),
-            Action::SegmentMap | Action::SegmentUnmap => {}
-        }
-        let reserved = model.reserved();
-        let new_peak = live > r.peak_live || reserved > r.peak_reserved;
-        r.peak_live = r.peak_live.max(live);
-        r.peak_reserved = r.peak_reserved.max(reserved);
-        if i == peak_event {
-            r.free_at_peak = model.free_bytes();
-            r.largest_free_at_peak = model.largest_free();
-            r.layout_at_peak = model.layout();
-        }
-        if i % stride == 0 || (new_peak && reserved != last_reserved) {
-            r.timeline.push((i as u64 + 1, live, reserved));
-        }
-        last_reserved = reserved;
-    }
-    r.final_reserved = model.reserved();
-    r.timeline
-        .push((events.len() as u64, live, r.final_reserved));
-    r
-}
-
-/// The smallest capacity, a multiple of `step`, at which `make`'s model replays the trace
-/// with no out-of-memory failure, by bisection between the peak of live memory and `hi`.
-pub fn min_capacity(
-    make: &dyn Fn(u64) -> Box<dyn Model>,
-    start: &StartState,
-    events: &[Event],
-    peak_live: u64,
-    hi: u64,
-    step: u64,
-) -> Option<u64> {
-    let fits = |cap: u64| {
-        let mut m = make(cap);
-        let r = run(m.as_mut(), cap, start, events, usize::MAX, 1);
-        r.ooms.is_empty() && !r.preload_failed
-    };
-    let mut lo = peak_live.div_ceil(step).max(1);
-    let mut hi = hi.div_ceil(step).max(lo);
-    if !fits(hi * step) {
-        return None;
-    }
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        if fits(mid * step) {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
-    Some(lo * step)
 }

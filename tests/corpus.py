@@ -1,0 +1,84 @@
+"""The corpus of real traces that the tests (and benches) walk, in one place.
+
+- **Shared traces, required**: every trace file in ``../shared/traces`` and
+  ``../shared/traces/wild`` (a new file there is walked with no change here). Their tests are
+  marked ``needs_shared`` (tests/shared_traces.py): they skip only where that folder is absent
+  (a user's own clone); CI always has it, so there they always run.
+- **Recorded traces, optional**: the ``*.csv.gz`` files that ``scripts/record_workloads.py``
+  wrote to the trace cache (``$GPUMM_TRACE_CACHE``, else ``~/.cache/gpumm/traces``). Recording
+  needs torch and transformers, which CI does not install, so in CI this list is normally
+  empty and nothing is skipped for it; where the files are present (a machine that ran the
+  script) every corpus test walks them too.
+
+Each list holds absolute paths; ``TRACES / path`` is the path itself, so a test written as
+``read_trace(TRACES / name)`` takes any of them. Test ids are the names relative to the shared
+folder (``wild/select_n_bert_1f2f548.pickle``) or ``recorded/<file>``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from shared_traces import TRACES, needs_shared
+
+WILD = TRACES / "wild"
+#: what a trace file's name ends with (the READMEs beside them are not traces)
+SUFFIXES = (".csv", ".csv.gz", ".pickle", ".json", ".json.gz")
+#: snapshots that hold the final state and no history (shared README: the ``*_state`` files)
+STATE_ONLY = {"oom_state.pickle", "opt13_state.pickle"}
+
+
+def recorded_dir() -> Path:
+    """Where scripts/record_workloads.py writes: ``$GPUMM_TRACE_CACHE`` or ``~/.cache/gpumm/traces``."""
+    env = os.environ.get("GPUMM_TRACE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "gpumm" / "traces"
+
+
+def _traces(folder: Path) -> List[Path]:
+    if not folder.is_dir():
+        return []
+    # a hidden name is a file being written (scripts/record_workloads.py), not a trace
+    return sorted(p for p in folder.iterdir()
+                  if p.is_file() and p.name.endswith(SUFFIXES) and not p.name.startswith("."))
+
+
+#: every shared trace (``../shared/traces`` and ``wild/``)
+SHARED: List[Path] = _traces(TRACES) + _traces(WILD)
+#: every recorded trace in the cache folder (may be empty)
+RECORDED: List[Path] = sorted(p for p in _traces(recorded_dir()) if p.name.endswith(".csv.gz"))
+
+#: every trace of the corpus
+ALL: List[Path] = SHARED + RECORDED
+#: RMM logs (shared and recorded)
+RMM: List[Path] = [p for p in ALL if p.name.endswith((".csv", ".csv.gz"))]
+#: snapshots with history: the ones that recorded what PyTorch's allocator did
+HISTORY: List[Path] = [p for p in SHARED if p.name.endswith(".pickle") and p.name not in STATE_ONLY]
+
+
+def label(path: Path) -> str:
+    """A test id: the name relative to the shared folder, or ``recorded/<file>``."""
+    try:
+        return path.relative_to(TRACES).as_posix()
+    except ValueError:
+        return f"recorded/{path.name}"
+
+
+def params(paths: List[Path], known: Optional[Dict[str, str]] = None) -> list:
+    """``paths`` as pytest parameters, each with its label; shared ones marked ``needs_shared``.
+
+    ``known`` maps a label to an open bug the test shows on that file: the case is marked
+    ``xfail`` with that reason. On a shared trace the mark is strict (the file never changes:
+    when the bug is fixed the case passes, which fails the run until the mark goes); on a
+    recorded one it is not (a recording made with other library versions may not show it)."""
+    known = known or {}
+    out = []
+    for p in paths:
+        marks = [needs_shared] if p in SHARED else []
+        if label(p) in known:
+            marks.append(pytest.mark.xfail(reason=known[label(p)], strict=p in SHARED))
+        out.append(pytest.param(p, id=label(p), marks=marks))
+    return out
