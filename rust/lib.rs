@@ -7,6 +7,7 @@ pub mod backend;
 pub mod error;
 pub mod pmm;
 pub mod replay;
+pub mod traces;
 pub mod units;
 pub mod uvm;
 

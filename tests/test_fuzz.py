@@ -18,7 +18,7 @@ REGRESSIONS = sorted((HERE / "regressions").iterdir())
 atheris = pytest.importorskip("atheris", reason="atheris is not installed (pip install '.[test]')")
 
 
-@pytest.mark.parametrize("target", ["rmm", "snapshot", "profiler", "size"])
+@pytest.mark.parametrize("target", ["rmm", "snapshot", "pickle", "profiler", "size"])
 def test_fuzz_target_for_a_few_seconds(target, tmp_path):
     corpus = tmp_path / target
     shutil.copytree(HERE / "corpus" / target, corpus)

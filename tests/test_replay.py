@@ -15,50 +15,50 @@ from gpumm import _core
 from gpumm.errors import InvalidArgumentError, InvalidStateError
 from gpumm.replay import ALLOCATORS, prepare, replay
 from gpumm.report import _map_svg, explain_ooms, html_report
-from gpumm.traces import read_rmm_csv, read_trace
+from gpumm.traces import read_rmm_csv, read_trace, read_traces
 from gpumm.units import MiB
 
 import corpus
 from shared_traces import TRACES, needs_shared
-# open bugs these tests show, by file (issue 25); corpus.params marks them xfail
-PANIC_598 = "caching-expandable panics: rust/replay/models.rs:598, remove_free (issue 25, part 1)"
-PANIC_822 = "caching-expandable panics: rust/replay/models.rs:822, Caching::free (issue 25, part 1)"
-MIXED_DEVICES = "the events of 3 devices replayed as one device: OOMs at 80 GiB (issue 25, part 2)"
-KNOWN = {"wild/code_location_qwen3_train.pickle": MIXED_DEVICES,
-         "wild/select_n_llama_offload_04d383c.pickle": PANIC_598,
-         "recorded/t5_train.csv.gz": PANIC_598,
-         "recorded/mixtral_moe_train.csv.gz": PANIC_822,
-         "recorded/unet_train.csv.gz": PANIC_822 + "; gpumm reserves 1.040 x peak live",
-         "recorded/gpt2_decode.csv.gz": "gpumm reserves 1.69 x the 29.6 MiB peak live (1.02 x + 4 MiB wanted)",
-         "recorded/vit_train.csv.gz": "gpumm reserves 1.034 x peak live (1.02 x + 4 MiB wanted)",
-         "recorded/llama_decode.csv.gz": "gpumm reserves 1.43 x the 11.2 MiB peak live (1.02 x + 4 MiB wanted)"}
-ALL = corpus.params(corpus.ALL, KNOWN)  # every shared trace (wild/ too) and every recorded one
-HISTORY = corpus.params(corpus.HISTORY, {"wild/code_location_qwen3_train.pickle": MIXED_DEVICES})
+# issue 27: gpumm's reserve bound (1.02 x peak live + 4 MiB) is not met yet on these recorded
+# workloads; every other check runs on them
+RESERVE_OPEN = {"recorded/unet_train.csv.gz": "1.040 x peak live",
+                "recorded/gpt2_decode.csv.gz": "1.69 x the 29.6 MiB peak live",
+                "recorded/vit_train.csv.gz": "1.034 x peak live",
+                "recorded/llama_decode.csv.gz": "1.43 x the 11.2 MiB peak live"}
+ALL = corpus.params(corpus.ALL)  # every shared trace (wild/ too) and every recorded one
+HISTORY = corpus.params(corpus.HISTORY)
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_every_allocator_on_every_trace(name):
-    report = replay(read_trace(TRACES / name))
-    assert list(report.results) == list(ALLOCATORS)
-    for r in report.results.values():
-        assert not r.ooms and r.peak_live == report.peak_live
-        assert r.peak_reserved >= r.peak_live or r.allocator == "driver"
-        assert r.min_capacity is not None and r.min_capacity % (64 * MiB) == 0
-        assert r.events_per_second > 0 or not report.events  # state-only: nothing to time
-    g = report.results["gpumm"]
-    assert g.peak_reserved <= 1.02 * report.peak_live + 4 * MiB, g.ratio
-    assert report.results["driver"].peak_reserved <= g.peak_reserved
+    """Every device of every trace through every model, at a capacity that holds the job."""
+    for trace in read_traces(TRACES / name):
+        cap = max(80 << 30, 2 * trace.peak_live())
+        report = replay(trace, capacity=cap)
+        assert list(report.results) == list(ALLOCATORS)
+        for r in report.results.values():
+            assert r.error is None, r.error
+            assert not r.ooms and r.peak_live == report.peak_live
+            assert r.peak_reserved >= r.peak_live or r.allocator == "driver"
+            assert r.min_capacity is not None and r.min_capacity % (64 * MiB) == 0
+            assert r.events_per_second > 0 or not report.events  # state-only: nothing to time
+        g = report.results["gpumm"]
+        if corpus.label(TRACES / name) not in RESERVE_OPEN:
+            assert g.peak_reserved <= 1.02 * report.peak_live + 4 * MiB, g.ratio
+        assert report.results["driver"].peak_reserved <= g.peak_reserved
 
 
 @pytest.mark.parametrize("name", HISTORY)
 def test_caching_model_matches_pytorch(name):
-    """From the state rebuilt at the ring buffer's start, the model puts at least 99 % of
-    allocations where PyTorch did and peaks within 0.5 % of PyTorch's recorded reserve."""
-    report = replay(read_trace(TRACES / name), ["caching"], min_capacity=False)
-    c = report.results["caching"]
-    assert c.address_match >= 0.99
-    assert abs(c.peak_reserved / report.recorded_peak_reserved - 1) <= 0.005
-    assert report.to_json()["allocators"]["caching"]["address_match"] >= 0.99
+    """On every device, from the state rebuilt at the ring buffer's start, the model puts at
+    least 99 % of allocations where PyTorch did and peaks within 0.5 % of PyTorch's recorded
+    reserve."""
+    for trace in read_traces(TRACES / name):
+        report = replay(trace, ["caching"], capacity="200GiB", min_capacity=False)
+        c = report.results["caching"]
+        assert c.address_match >= 0.99, trace.device
+        assert abs(c.peak_reserved / report.recorded_peak_reserved - 1) <= 0.005, trace.device
 
 
 def small_trace(tmp_path, n=200):

@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``gpumm._core`` (kept in step with rust/bindings)."""
 
-from typing import Any, Callable, Iterable, Optional, SupportsIndex, Union, final
+from typing import Any, Callable, Iterable, Optional, Sequence, SupportsIndex, Union, final
 
 from typing_extensions import disjoint_base
 
@@ -22,6 +22,11 @@ __all__ = [
     "replay",
     "replay_min_capacity",
     "_set_c_pool",
+    "TraceLog",
+    "Snapshot",
+    "read_snapshot",
+    "load_pickle",
+    "read_rmm",
     "__version__",
 ]
 
@@ -278,3 +283,57 @@ class Uvm:
     def vidmem_used(self) -> int: ...
     def resident(self) -> tuple[int, int]: ...
     def validate(self) -> None: ...
+
+# ------------------------------------------------------------------------------------------
+# Trace readers (rust/bindings/traces.rs)
+
+@final
+class TraceLog:
+    """One trace's events in columns."""
+
+    @staticmethod
+    def from_columns(
+        actions: Sequence[int],
+        ptrs: Sequence[int],
+        sizes: Sequence[int],
+        streams: Sequence[int],
+        times: Sequence[int],
+        threads: Sequence[int],
+        frames: Sequence[int],
+        start: Optional[tuple[list[tuple[int, int, int]], list[tuple[int, int, int, int]]]] = None,
+    ) -> TraceLog: ...
+    def __len__(self) -> int: ...
+    def event(self, i: int) -> Optional[tuple[str, int, int, int, int, int, int]]: ...
+    def tuples(self) -> list[tuple[str, int, int, int, int, int, int]]: ...
+    def column(self, name: str) -> Any: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def num_allocs(self) -> int: ...
+    def peak_live(self) -> int: ...
+    def recorded_peak_reserved(self) -> Optional[int]: ...
+    def ooms(self) -> list[tuple[int, int, int, int, Optional[int]]]: ...
+    def prepare(self, keep_addr: bool) -> dict[str, Any]: ...
+
+@final
+class Snapshot:
+    """A loaded PyTorch memory snapshot."""
+
+    def devices(self) -> list[int]: ...
+    def device(
+        self, device: int
+    ) -> tuple[
+        TraceLog,
+        list[tuple[int, int, int]],
+        list[tuple[int, int, int, int]],
+        list[list[str]],
+        list[int],
+        bool,
+        int,
+    ]: ...
+    def segments(self, indices: Sequence[int]) -> list[dict[str, Any]]: ...
+    def get(self, key: str) -> Any: ...
+
+def read_snapshot(path: str) -> Snapshot: ...
+def load_pickle(path: str) -> Any: ...
+def read_rmm(path: str) -> TraceLog: ...

@@ -30,6 +30,7 @@ from gpumm import _core
 from gpumm.arch import get_device
 from gpumm.errors import GpummError, InvalidArgumentError
 from gpumm.traces.base import Trace
+from gpumm.traces.prepare import Prepared, prepare
 from gpumm.units import MiB, SizeLike, parse_size
 
 __all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "replay",
@@ -38,79 +39,6 @@ __all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "re
 
 #: Every allocator model, in report order.
 ALLOCATORS: Tuple[str, ...] = tuple(_core.ALLOCATORS)
-_CODES = {"alloc": 0, "free": 1, "segment_alloc": 2, "segment_free": 3, "segment_map": 4,
-          "segment_unmap": 5}
-
-
-@dataclass
-class Prepared:
-    """A trace as the engine reads it: parallel arrays and the start state, by id."""
-
-    actions: List[int]
-    ids: List[int]
-    sizes: List[int]
-    streams: List[int]
-    addrs: List[int]
-    start: Optional[Tuple[List[Tuple[int, int, int]], List[Tuple[int, int, int, int, int]]]]
-    peak_live: int
-    #: index of the event after which live memory first reaches its peak
-    peak_event: int
-    #: the trace index of each engine event
-    source_index: List[int]
-
-
-def prepare(trace: Trace) -> Prepared:
-    """Turns a trace's pointers into allocation ids and its events into arrays."""
-    actions: List[int] = []
-    ids: List[int] = []
-    sizes: List[int] = []
-    streams: List[int] = []
-    addrs: List[int] = []
-    source: List[int] = []
-    live: Dict[int, Tuple[int, int]] = {}  # ptr -> (id, size)
-    next_id = 0
-    start = None
-    cur = 0
-    if trace.start is not None:
-        blocks = []
-        for addr, req, bsize, stream in trace.start.blocks:
-            live[addr] = (next_id, req)
-            blocks.append((next_id, addr, req, bsize, stream))
-            cur += req
-            next_id += 1
-        start = (list(trace.start.segments), blocks)
-    keep_addr = trace.format == "snapshot"
-    peak, peak_event = cur, -1
-    for i, e in enumerate(trace.events):
-        code = _CODES.get(e.action)
-        if code is None:
-            continue
-        if code == 0:
-            old = live.pop(e.ptr, None)
-            if old is not None:
-                cur -= old[1]
-            live[e.ptr] = (next_id, e.size)
-            ident, next_id = next_id, next_id + 1
-            cur += e.size
-        elif code == 1:
-            got = live.pop(e.ptr, None)
-            if got is None:
-                continue
-            ident = got[0]
-            cur -= got[1]
-        else:
-            ident = 0
-        actions.append(code)
-        ids.append(ident)
-        sizes.append(e.size)
-        streams.append(e.stream)
-        addrs.append(e.ptr if keep_addr or code >= 2 else 0)
-        source.append(i)
-        if cur > peak:
-            peak, peak_event = cur, len(actions) - 1
-    return Prepared(actions, ids, sizes, streams, addrs, start, peak, peak_event, source)
-
-
 @dataclass
 class AllocatorResult:
     """One allocator's replay. Bytes unless named otherwise."""

@@ -4,10 +4,9 @@
 //! A size is a count of units (256 B granules for blocks, pages for runs). Bins are laid out
 //! like a small float with a 4-bit mantissa: counts 0..16 have a bin each; above that every
 //! power of two is cut in 16 equal steps. So a bin's lower bound is within 6.25 % of every
-//! size in it, and `u32::MAX` units fall in bin 463. (A 3-bit mantissa, 8 steps, until the
-//! sixth session: with 16 the head of the first bin whose items all fit is close enough that
-//! the heap's good fit no longer walks its own bin, and fill to failure and the traces'
-//! reserve improved as well; benches/RESULTS.md.)
+//! size in it, and `u32::MAX` units fall in bin 463. (16 steps rather than 8: the head of the
+//! first bin whose items all fit is then close enough that the heap's good fit need not walk
+//! its own bin, and the fill to failure and the traces' reserve are better; benches/RESULTS.md.)
 //!
 //! Items are linked through caller-owned [`Link`]s (one per item and index, reached through
 //! [`LinkRead`] / [`LinkWrite`]), so the lists need no memory of their own, an item can sit in

@@ -9,7 +9,7 @@
 
 #![allow(unsafe_code)]
 
-use std::ops::{Deref, DerefMut, Index, IndexMut};
+use std::ops::{Deref, Index, IndexMut};
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Table<T>(Vec<T>);
@@ -26,18 +26,21 @@ impl<T> From<Vec<T>> for Table<T> {
     }
 }
 
+/// Read access is a slice's: `len`, `get`, `iter`, ... (nothing that removes an entry).
 impl<T> Deref for Table<T> {
-    type Target = Vec<T>;
+    type Target = [T];
     #[inline(always)]
-    fn deref(&self) -> &Vec<T> {
+    fn deref(&self) -> &[T] {
         &self.0
     }
 }
 
-impl<T> DerefMut for Table<T> {
+impl<T> Table<T> {
+    /// Appends an entry; its index is the old `len()`. (Entries are only ever added: no
+    /// `truncate`, `clear`, `pop` or `remove`, which the unchecked `[i]` relies on.)
     #[inline(always)]
-    fn deref_mut(&mut self) -> &mut Vec<T> {
-        &mut self.0
+    pub(crate) fn push(&mut self, v: T) {
+        self.0.push(v)
     }
 }
 

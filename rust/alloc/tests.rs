@@ -8,10 +8,10 @@ use super::*;
 use crate::backend::Simulated;
 use crate::pmm::{PmmConfig, SizeMask};
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 const KIB: u64 = 1 << 10;
 
-fn device(vidmem: u64) -> Arc<Device> {
+pub(super) fn device(vidmem: u64) -> Arc<Device> {
     let mut cfg = PmmConfig::new(
         vidmem,
         SizeMask::from_sizes(&[4096, 65536, 2 * MIB]).unwrap(),
@@ -1282,7 +1282,7 @@ fn a_scrubbing_pool_zeroes_what_a_heap_move_leaves_behind() {
 // Model-based: random streams of operations against a shadow map of live ranges.
 
 #[derive(Clone, Debug)]
-enum Op {
+pub(super) enum Op {
     Alloc(u64, u64, bool),
     Arena(Vec<u64>, u64),
     Batch(Vec<u64>),
@@ -1298,7 +1298,7 @@ enum Op {
     Trim,
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(super) fn op() -> impl Strategy<Value = Op> {
     // (and a few sizes that come back, for the exact-size cache)
     let size = prop_oneof![
         1 => 1u64..4096,
@@ -1371,6 +1371,31 @@ fn ranges(p: &Pool) -> Vec<(u64, u64)> {
     p.allocations().iter().map(|x| (x.ptr, x.rounded)).collect()
 }
 
+/// The pool of `random_streams_keep_every_invariant`: 128 MiB, checked after every mutation;
+/// with a release threshold (`threshold`), whole free pages leave large segments at once.
+pub(super) fn stream_pool(threshold: bool) -> Pool {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    cfg.release_threshold = threshold.then_some(8 * MIB);
+    Pool::new(device(128 * MIB), cfg).unwrap()
+}
+
+/// The pointers of up to `n` of the `live` allocations from position `i` (modulo their
+/// number) on, which leave `live`.
+pub(super) fn drain_ptrs(p: &Pool, live: &mut Vec<AllocId>, i: usize, n: usize) -> Vec<u64> {
+    let i = i % live.len();
+    let n = n.min(live.len() - i);
+    live.drain(i..i + n)
+        .map(|id| p.info(id).unwrap().ptr)
+        .collect()
+}
+
+/// The handles of the allocations at pointers `out`.
+pub(super) fn ids_of(p: &Pool, out: &[u64]) -> Vec<AllocId> {
+    let by_ptr: HashMap<u64, AllocId> = p.allocations().iter().map(|x| (x.ptr, x.id)).collect();
+    out.iter().map(|ptr| by_ptr[ptr]).collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
 
@@ -1379,20 +1404,12 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..120),
         threshold in any::<bool>(),
     ) {
-        let mut cfg = PoolConfig::new(2 * MIB);
-        cfg.check = true;
-        // with a release threshold, whole free pages leave large segments at once
-        cfg.release_threshold = threshold.then_some(8 * MIB);
-        let mut p = Pool::new(device(128 * MIB), cfg).unwrap();
+        let mut p = stream_pool(threshold);
         let mut live: Vec<AllocId> = vec![];
         let mut fences: Vec<u64> = vec![];
         // the members of each batch made (found without a lookup by pointer, which would
         // index them: `free_batch` of a whole batch is then served from its record)
         let mut batches: Vec<Vec<AllocId>> = vec![];
-        let ids_of = |p: &Pool, out: &[u64]| -> Vec<AllocId> {
-            let by_ptr: HashMap<u64, AllocId> = p.allocations().iter().map(|x| (x.ptr, x.id)).collect();
-            out.iter().map(|ptr| by_ptr[ptr]).collect()
-        };
         for op in ops {
             // a refused request leaves the pool as it was (but for counting the failure),
             // unless it had movable allocations to compact on the way
@@ -1440,14 +1457,8 @@ proptest! {
                 }
                 Op::FreeBatch(i, n) if !live.is_empty() => {
                     // up to n allocations from position i on, freed together by pointer
-                    let i = i % live.len();
-                    let n = n.min(live.len() - i);
-                    let ptrs: Vec<u64> = live[i..i + n]
-                        .iter()
-                        .map(|&id| p.info(id).unwrap().ptr)
-                        .collect();
+                    let ptrs = drain_ptrs(&p, &mut live, i, n);
                     p.free_batch(&ptrs).unwrap();
-                    live.drain(i..i + n);
                 }
                 Op::FreeLastBatch => {
                     while let Some(ids) = batches.pop() {

@@ -29,6 +29,7 @@ mod pool;
 mod recycle;
 mod replay;
 mod reports;
+mod traces;
 mod uvm;
 
 // (the names the replay and trace bindings reach through `super::`)
@@ -44,6 +45,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
     m.add_function(wrap_pyfunction!(capi::_set_c_pool, m)?)?;
     replay::register(m)?;
+    traces::register(m)?;
     uvm::register(m)?;
     m.add_function(wrap_pyfunction!(args::py_parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(args::py_format_size, m)?)?;

@@ -1,8 +1,8 @@
 """Allocation traces: readers and writers of real workloads' allocation logs.
 
 - RMM log CSV (:func:`read_rmm_csv`, :func:`write_rmm_csv`), plain or gzip;
-- PyTorch memory snapshots (:func:`read_snapshot`), loaded with an unpickler that refuses
-  every global, and :func:`write_snapshot` of a gpumm pool in PyTorch's layout;
+- PyTorch memory snapshots (:func:`read_snapshot`), loaded by a pickle reader of plain data
+  that refuses every global and call, and :func:`write_snapshot` of a gpumm pool in PyTorch's layout;
 - torch.profiler Chrome-trace JSON (:func:`read_profiler_json`);
 - :func:`read_trace` picks the reader from the file;
 - :func:`replay_pool` / :func:`min_capacity` for one gpumm pool (the full comparison is
@@ -17,7 +17,7 @@ from gpumm.traces.base import ACTIONS, Event, StartState, Trace
 from gpumm.traces.pool_replay import PoolReplay, min_capacity, replay_pool
 from gpumm.traces.profiler import read_profiler_json
 from gpumm.traces.rmm import read_rmm_csv, write_rmm_csv
-from gpumm.traces.snapshot import (load_snapshot, read_snapshot, read_snapshot_devices,
+from gpumm.traces.snapshot import (first_device, load_snapshot, read_snapshot, read_snapshot_devices,
                                    snapshot_devices, write_snapshot)
 
 __all__ = [
@@ -58,8 +58,7 @@ def read_trace(path: Union[str, "os.PathLike[str]"], device: Optional[int] = Non
     fmt = _format(name)
     if fmt == "snapshot":
         if device is None:
-            data = load_snapshot(name)
-            return read_snapshot(name, snapshot_devices(data)[0])
+            return first_device(name)
         return read_snapshot(name, device)
     if device not in (None, 0):
         raise TraceFormatError(f"{name}: a {fmt} trace has one device (0), not {device}")

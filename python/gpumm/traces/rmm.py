@@ -1,9 +1,15 @@
 """Reader of RMM log CSV files (``rmm::mr::logging_resource_adaptor``).
 
-Layout: a header ``Thread,Time,Action,Pointer,Size,Stream``, then one line per event; Time is
-``HH:MM:SS.ffffff``; Action is ``allocate``, ``free`` or ``allocate failure``; Pointer and
-Stream are hex. Files may be gzip-compressed. Any malformed line raises
-:class:`gpumm.errors.TraceFormatError` naming the file and line; nothing is half-read.
+Layout: a header ``Thread,Time,Action,Pointer,Size,Stream``, then one line per event. Time is
+``HH:MM:SS.ffffff`` (RMM's logger pattern) or a plain number: seconds when it has a fraction
+or is below 10^11, else microseconds below 10^17, else nanoseconds. Action is ``allocate``,
+``free`` (``deallocate`` reads as ``free``) or ``allocate failure``, whose pointer may be
+null (``(nil)``, glibc's ``%p``, or empty). Pointer and Stream are hex with ``0x``, hex
+without it when they hold a letter a–f, decimal otherwise; Thread is decimal. Several
+threads and streams keep their ids. Files may be gzip-compressed. The file is parsed in Rust
+(``rust/traces/rmm.rs``, on the ``csv`` and ``flate2`` crates) with the GIL released into
+columns. Any malformed line raises :class:`gpumm.errors.TraceFormatError` naming the file and
+line; nothing is half-read.
 """
 
 from __future__ import annotations
@@ -12,11 +18,10 @@ import csv
 import gzip
 import io
 import os
-import zlib
-from typing import Iterator, List, Tuple, Union
+from typing import Union
 
-from gpumm.errors import TraceFormatError
-from gpumm.traces.base import Event, Trace
+from gpumm import _core
+from gpumm.traces.base import Trace
 
 __all__ = ["read_rmm_csv", "write_rmm_csv"]
 
@@ -24,60 +29,10 @@ HEADER = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"]
 ACTIONS = ("allocate", "free", "allocate failure")
 
 
-def _time_us(text: str) -> int:
-    """``HH:MM:SS[.ffffff]`` to microseconds."""
-    hms, _, frac = text.partition(".")
-    h, m, s = hms.split(":")
-    if frac and not frac.isdigit():
-        raise ValueError(f"bad time {text!r}")
-    return ((int(h) * 60 + int(m)) * 60 + int(s)) * 1_000_000 + int(frac.ljust(6, "0")[:6] or 0)
-
-
-def _open_text(path: Union[str, "os.PathLike[str]"]) -> io.TextIOBase:
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")  # noqa: SIM115
-
-
-def _rows(path: Union[str, "os.PathLike[str]"]) -> Iterator[Tuple[int, List[str]]]:
-    name = os.fspath(path)
-    try:
-        with _open_text(path) as f:
-            reader = csv.reader(f)
-            for row in reader:
-                yield reader.line_num, row
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error, zlib.error) as e:
-        raise TraceFormatError(f"{name}: cannot read as an RMM log ({type(e).__name__}: {e})") from None
-
-
 def read_rmm_csv(path: Union[str, "os.PathLike[str]"]) -> Trace:
     """Reads an RMM log CSV (plain or gzip) into a :class:`Trace`."""
     name = os.fspath(path)
-    events: List[Event] = []
-    rows = _rows(path)
-    first = next(rows, None)
-    if first is None or [c.strip() for c in first[1]] != HEADER:
-        raise TraceFormatError(f"{name}: line 1: expected the header {','.join(HEADER)}")
-    action_names = {"allocate": "alloc", "free": "free", "allocate failure": "alloc_failed"}
-    for line, row in rows:
-        if not row:
-            continue
-        if len(row) != len(HEADER):
-            raise TraceFormatError(f"{name}: line {line}: expected 6 fields, got {len(row)}")
-        thread, time, action, ptr, size, stream = (c.strip() for c in row)
-        if action not in action_names:
-            raise TraceFormatError(f"{name}: line {line}: unknown action {action!r}; expected one of {ACTIONS}")
-        try:
-            ev = Event(action_names[action], int(ptr, 16), int(size), int(stream, 16),
-                       _time_us(time), int(thread))
-        except ValueError as e:
-            raise TraceFormatError(f"{name}: line {line}: {e}") from None
-        if ev.size < 0 or ev.ptr < 0:
-            raise TraceFormatError(f"{name}: line {line}: negative size or pointer")
-        events.append(ev)
-    return Trace(events, name, format="rmm")
+    return Trace(None, name, format="rmm", log=_core.read_rmm(name))
 
 
 def _hms(us: int) -> str:

@@ -1,0 +1,133 @@
+//! The pool's configuration, its device, and the constants its policy is tuned by.
+
+use super::*;
+
+/// Every request is rounded up to a multiple of this (CUDA's allocation alignment).
+pub const GRANULE: u64 = 256;
+
+/// Allocation latency is timed on one call in this many. (Two clock reads per timed call: at
+/// one in 16 they were 3 % of a mixed churn pair, 122 against 126 ns untimed; at one in 64,
+/// under 1 %, and a million calls still give 15,000 samples.)
+pub(super) const LATENCY_SAMPLE: u64 = 64;
+
+/// Longest window range (in pages) kept in the window cache.
+pub(super) const WINDOW_CACHE: usize = 64;
+
+/// How many items of a request's own bin a good-fit search looks at.
+pub(super) const SCAN: usize = 8;
+/// The same for a small request in the heap pages: none, it takes the head of the first bin
+/// whose blocks all hold it (within 1/16 of its size). Walking the own bin is a chain of
+/// dependent loads; with 16 bins a power of two instead of 8 the walk no longer paid for
+/// itself: mixed churn pair 103.5 → 101 ns in the profiling loop, fill to failure 99.65 % (8
+/// candidates) → 99.63 % (none), against 99.62 % with 8 bins and 8 candidates
+/// (benches/RESULTS.md).
+pub(super) const HEAP_SCAN: usize = 0;
+/// The same for a request placed in a free block of a large segment: 2 instead of 8 left the
+/// fill to failure and the traces' reserve unchanged and saved 1–2 ns a mixed churn pair; 0
+/// raised resnet50's peak reserved ÷ peak live from 1.0137 to 1.0211. 1 instead of 2: the
+/// churn with the device reserved 78.9 → 76.4 ns (min of six interleaved runs), the fill
+/// unchanged, resnet50's peak reserve 1.0092 → 1.0122 of its peak live (its
+/// smallest capacity unchanged); 0 then gave 1.0256 (benches/RESULTS.md).
+pub(super) const LARGE_SCAN: usize = 1;
+
+/// Under pressure (the pages the pool could still get, held or not, under 1/`PRESSURE_DIV`
+/// of its limit), placement looks harder for a close fit, as memory left in slivers now may
+/// be what a later request lacks: a free block of a large segment is the best fit among
+/// `BEST_SCAN` candidates of two bins, a tail the best fit among `TAIL_SCAN`, and up to
+/// `PAIR_SCAN` heads are tried for the one whose tail fits a free page start most closely.
+/// Fill to failure at 2 MiB pages, 40 seeds: 99.636 → 99.714 %; the real traces' peak reserve
+/// and smallest capacity unchanged (benches/RESULTS.md; 16 or 64 heads
+/// instead of 4 needed two more pages for resnet50 at its smallest capacity). Not with room
+/// to spare: pairing on every stitched request cost the mixed churn 5 ns a pair.
+pub(super) const PRESSURE_DIV: u64 = 8;
+pub(super) const BEST_SCAN: usize = 4;
+pub(super) const TAIL_SCAN: usize = 16;
+pub(super) const PAIR_SCAN: usize = 4;
+
+/// A large request whose layout would need the stitching window takes a free run that holds
+/// it whole instead, while whole free pages are at least 1/`RUN_FIRST_DIV` of the pool's
+/// (`place_large`). 16: resnet50's peak reserved ÷ peak live 1.0092 → 1.0137 (1/32: 1.0152,
+/// 1/64: 1.0226, over its 1.02 target), fill to failure unchanged, the mixed churn's stitched
+/// requests 87 → 39 per thousand pairs (benches/RESULTS.md).
+pub(super) const RUN_FIRST_DIV: u64 = 16;
+
+/// `defrag` slides an allocation of a large segment down over a free block only if that
+/// block is at least 1/`SLIDE_MIN_DIV` of the allocation's length: a copy engine that cannot
+/// copy overlapping ranges (CUDA's) moves it in pieces of the free block's length, so at
+/// most this many (queued, then waited for once). 1024 rather than 64:
+/// with every allocation movable, the fill to failure at 2 MiB pages 99.893 → 99.929 %
+/// (40 seeds), as most holes left inside pages are small beside what would slide over them.
+pub(super) const SLIDE_MIN_DIV: u64 = 1024;
+
+/// `compact_pages` walks the large segments and heap pages again while a walk moved
+/// something, at most this many times: a stitched allocation's slide frees space after its tail, in another
+/// segment, which a later walk can slide the next allocation over.
+pub(super) const COMPACT_PASSES: usize = 8;
+
+/// How many batch records (see `Pool::batches`) wait outside the pointer index at most.
+pub(super) const BATCH_RECORDS: usize = 64;
+
+/// Indexes of `Pool::primary` and `Pool::secondary` (see there).
+pub(super) const LARGE: usize = 0;
+pub(super) const HEAP: usize = 1;
+pub(super) const SUFFIX: usize = 1;
+pub(super) const PREFIX: usize = 2;
+
+/// A device: the PMM that hands out its physical memory and the backend that holds it.
+pub struct Device {
+    pub pmm: Arc<Mutex<Pmm>>,
+    pub backend: Arc<dyn Backend>,
+}
+
+/// How a pool behaves. Sizes in bytes.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// The mapping unit: a power of two, a PMM USER chunk size, a multiple of the backend's
+    /// granularity.
+    pub page_size: u64,
+    /// Requests below this go to heap pages; the rest are laid out over large pages.
+    pub small_threshold: u64,
+    /// Reserved when the pool is made.
+    pub initial_size: u64,
+    /// The most the pool may reserve (None: the device's capacity).
+    pub max_size: Option<u64>,
+    /// Free pages above this many bytes go back to the device at once (None: keep them until
+    /// `trim`, `defrag` or `close`), like `cudaMemPoolAttrReleaseThreshold`.
+    pub release_threshold: Option<u64>,
+    /// Zero memory when it is freed (before anyone can reuse it).
+    pub scrub: bool,
+    /// Keep a freed one-block allocation whole for the next request of its exact size
+    /// (`cache.rs`); off with a release threshold, whose pages go back as they free up.
+    pub size_cache: bool,
+    /// A tail may take a free page prefix at most this much larger than itself (bytes);
+    /// otherwise it takes a fresh page, whose remainder stays usable as a head.
+    pub tail_slack: u64,
+    /// Run `validate` after every mutation and panic on a broken invariant (tests).
+    pub check: bool,
+}
+
+impl PoolConfig {
+    pub fn new(page_size: u64) -> Self {
+        PoolConfig {
+            page_size,
+            small_threshold: DEFAULT_SMALL_THRESHOLD.min(page_size / 2),
+            initial_size: 0,
+            max_size: None,
+            release_threshold: None,
+            scrub: false,
+            size_cache: true,
+            tail_slack: page_size / 16,
+            check: false,
+        }
+    }
+}
+
+/// A block freed by `free_batch` and not yet merged (in its `links.prev`, never a block index:
+/// see `Link::PENDING`).
+pub(super) const PENDING: u32 = NIL - 1;
+
+/// The longest block a large segment holds, in granules (larger requests are stitched).
+pub(super) const MAX_BLOCK: u64 = 1 << 31;
+
+/// The default heap threshold; docs/design.md has the measurements that chose it.
+pub const DEFAULT_SMALL_THRESHOLD: u64 = 1 << 20;

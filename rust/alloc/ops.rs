@@ -1,0 +1,349 @@
+//! The pool's public operations on single allocations: alloc, free, pins, queries, scopes,
+//! trim, close and the out-of-memory report.
+
+use super::*;
+
+impl Pool {
+    /// A request's size in granules; a size of 0 or above `max_size()` is refused.
+    #[inline(always)]
+    pub(super) fn validate_size(&self, size: u64) -> Result<u64> {
+        if size.wrapping_sub(1) >= self.max_bytes {
+            return Err(self.size_error(size));
+        }
+        Ok(size.div_ceil(GRANULE))
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn size_error(&self, size: u64) -> Error {
+        if size == 0 {
+            return invalid_size("allocation size must be at least 1 byte".into());
+        }
+        invalid_size(format!(
+            "cannot allocate {}: larger than the pool can ever hold ({})",
+            format_size(size),
+            format_size(self.max_bytes)
+        ))
+    }
+
+    /// Allocates `req.size` bytes. On failure nothing is allocated; the error says why.
+    pub fn alloc(&mut self, req: Request) -> Result<(AllocId, u64)> {
+        self.alloc_req(req, true)
+    }
+
+    /// `alloc`; `reuse`: a pending free on the request's stream may serve it.
+    #[inline]
+    pub(super) fn alloc_req(&mut self, req: Request, reuse: bool) -> Result<(AllocId, u64)> {
+        self.open()?;
+        let units = self.validate_size(req.size)?;
+        self.note_stream(req.stream);
+        self.counters.calls += 1;
+        let timed = self.counters.calls % LATENCY_SAMPLE == 0;
+        let t0 = timed.then(Instant::now);
+        let (id, ptr) = self.alloc_inner(req, units, reuse);
+        if let Some(t0) = t0 {
+            self.latency.record(t0.elapsed().as_nanos() as u64);
+        }
+        self.check();
+        if ptr == 0 {
+            return Err(self
+                .alloc_error
+                .take()
+                .expect("a refused request leaves its error"));
+        }
+        Ok((AllocId::from_bits(id), ptr))
+    }
+
+    /// `alloc_req`'s work: (handle bits, pointer), or pointer 0 with the error left in
+    /// `alloc_error` (a 16-byte pair comes back in registers; the 32-byte `Result` came back
+    /// through memory and was copied with loads wider than its stores, a stall of about 4 ns
+    /// an allocation in perf).
+    pub(super) fn alloc_inner(&mut self, req: Request, units: u64, reuse: bool) -> (u64, u64) {
+        if reuse {
+            if let Some((id, ptr)) = self.reuse(req, units) {
+                return (id.to_bits(), ptr);
+            }
+        }
+        match self.cache.take(units) {
+            Lookup::Hit(a) => return self.take_cached(a, req, units),
+            Lookup::Stale(w) => self.evict_way(w, units),
+            Lookup::Miss => {}
+        }
+        // Memory freed on streams whose work has finished (CUDA events) comes back before the
+        // pool would grow for it, and every 64 calls otherwise. (Not between the requests of
+        // a batch, which polls before its first: a refused batch undoes its page changes by
+        // the block they made, which frees in between could merge away.)
+        if !self.events.is_empty()
+            && !self.batching
+            && (self.free_pages.free_units() == 0 || self.counters.calls % 64 == 0)
+        {
+            self.poll();
+        }
+        let saved = self.page_counts();
+        let mark = self.journal.len();
+        let a = self.new_slot();
+        let mut placed = self.place(units, a, false);
+        if placed.is_none() && !self.cache.is_empty() && !self.quick {
+            // it would grow the pool (which `grow` refuses while the cache holds memory): the
+            // cached blocks go back first
+            self.undo_to(mark);
+            self.flush_cache();
+            placed = self.place(units, a, false);
+        }
+        let layout = match placed {
+            Some(l) => l,
+            None if self.quick => {
+                self.quick_miss = true;
+                self.vacant_allocs.push(a);
+                self.undo_to(mark);
+                return self.refuse(Error::OutOfMemory(String::new()));
+            }
+            None => {
+                // The way to out of memory: compact what may move, then use anything. (Not
+                // inside a batch: a refused batch is undone exactly, which a move into pages
+                // taken for the batch would prevent.)
+                if !self.batching && self.has_movable() {
+                    // (the first attempt's page changes are undone first: compaction moves
+                    // the blocks they name)
+                    self.undo_to(mark);
+                    self.defrag_inner();
+                }
+                match self.place(units, a, true) {
+                    Some(l) => l,
+                    None => {
+                        self.vacant_allocs.push(a);
+                        self.undo_to(mark);
+                        self.counters.failures += 1;
+                        let e = self.oom_error(req.size);
+                        return self.refuse(e);
+                    }
+                }
+            }
+        };
+        let ptr = match self.address(layout) {
+            Ok(p) => p,
+            Err(e) => {
+                // The backend refused the mapping: undo the placement, give back any page
+                // taken for it, and leave the counters as they were (one failure counted).
+                self.abandon(Some(layout), a, mark, saved);
+                self.counters.failures += 1;
+                return self.refuse(e);
+            }
+        };
+        if !self.batching {
+            self.journal.clear();
+        }
+        let x = &mut self.allocs[a as usize];
+        x.ptr = ptr;
+        x.layout = layout;
+        self.go_live(a, req, units)
+    }
+
+    /// `alloc` when it is quick: served from the pages the pool holds, without growing it or
+    /// compacting. `None` when it is not (nothing changed; call `alloc`). The bindings run
+    /// this under the GIL, since releasing and taking back the GIL costs more than the call.
+    #[inline]
+    pub fn try_alloc_quick(&mut self, req: Request) -> Option<Result<(AllocId, u64)>> {
+        self.quick = true;
+        self.quick_miss = false;
+        let calls = self.counters.calls;
+        let r = self.alloc(req);
+        self.quick = false;
+        if self.quick_miss {
+            self.counters.calls = calls;
+            self.cache.retry_next();
+            return None;
+        }
+        Some(r)
+    }
+
+    /// Whether a free is quick (no scrub, no pages to give back): see `try_alloc_quick`.
+    pub fn frees_are_quick(&self) -> bool {
+        !self.cfg.scrub && self.cfg.release_threshold.is_none()
+    }
+
+    /// Frees an allocation now.
+    pub fn free(&mut self, id: AllocId) -> Result<()> {
+        self.open()?;
+        let a = self.resolve(id)?;
+        self.check_unpinned(a)?;
+        let x = &self.allocs[a as usize];
+        self.counters.live_bytes -= x.size;
+        self.counters.frees += 1;
+        self.finish_free(a);
+        self.after_free();
+        self.check();
+        Ok(())
+    }
+
+    /// A view of the allocation is exported (buffer, DLPack): it may not be freed or moved
+    /// until `unpin`.
+    pub fn pin(&mut self, id: AllocId) -> Result<()> {
+        self.open()?;
+        let a = self.resolve(id)?;
+        self.allocs[a as usize].pins += 1;
+        Ok(())
+    }
+
+    pub fn unpin(&mut self, id: AllocId) -> Result<()> {
+        let a = self.resolve(id)?;
+        let x = &mut self.allocs[a as usize];
+        if x.pins == 0 {
+            return Err(Error::InvalidState(format!("{:#x} is not pinned", x.ptr)));
+        }
+        x.pins -= 1;
+        Ok(())
+    }
+
+    pub fn info(&self, id: AllocId) -> Result<AllocInfo> {
+        self.open()?;
+        Ok(self.info_of(self.resolve(id)?))
+    }
+
+    /// Every live and freeing allocation.
+    pub fn allocations(&self) -> Vec<AllocInfo> {
+        (0..self.allocs.len() as u32)
+            .filter(|&a| matches!(self.allocs[a as usize].state, State::Live | State::Freeing))
+            .map(|a| self.info_of(a))
+            .collect()
+    }
+
+    /// Writes zeros over an allocation (its rounded size).
+    pub fn zero(&mut self, id: AllocId) -> Result<()> {
+        self.open()?;
+        let a = self.resolve(id)?;
+        let x = &self.allocs[a as usize];
+        self.dev.backend.zero(x.ptr, x.units() * GRANULE)
+    }
+
+    /// The live allocations made in an open scope.
+    pub fn scope_allocations(&self, scope: u32) -> Result<Vec<AllocInfo>> {
+        let list = self
+            .scopes
+            .get(&scope)
+            .ok_or_else(|| Error::InvalidArgument(format!("no open scope {scope}")))?;
+        Ok(list
+            .iter()
+            .filter(|&&(a, g)| {
+                let x = &self.allocs[a as usize];
+                x.generation == g && x.state == State::Live
+            })
+            .map(|&(a, _)| self.info_of(a))
+            .collect())
+    }
+
+    pub fn open_scope(&mut self) -> Result<u32> {
+        self.open()?;
+        let s = self.next_scope;
+        self.next_scope += 1;
+        self.scopes.insert(s, Vec::new());
+        Ok(s)
+    }
+
+    /// Closes a scope: frees what was allocated inside it and is still live, and says what.
+    pub fn close_scope(&mut self, scope: u32) -> Result<ScopeReport> {
+        let list = self
+            .scopes
+            .remove(&scope)
+            .ok_or_else(|| Error::InvalidArgument(format!("no open scope {scope}")))?;
+        let mut report = ScopeReport {
+            allocs: list.len() as u64,
+            ..ScopeReport::default()
+        };
+        if self.closed {
+            return Ok(report);
+        }
+        for (a, g) in list {
+            let x = &self.allocs[a as usize];
+            if x.generation == g && x.state == State::Live && x.pins == 0 {
+                report.leaked.push(self.info_of(a));
+                self.counters.live_bytes -= x.size;
+                self.counters.frees += 1;
+                self.finish_free(a);
+                report.freed += 1;
+            }
+        }
+        self.after_free();
+        self.check();
+        Ok(report)
+    }
+
+    /// Gives free pages back to the device until at most `keep` bytes of them stay.
+    pub fn trim(&mut self, keep: u64) -> Result<u64> {
+        self.open()?;
+        self.flush_cache();
+        self.reclaim_all();
+        let n = self.release_pages(keep);
+        self.check();
+        Ok(n)
+    }
+
+    /// Frees everything (pending frees included), gives all pages back and refuses every
+    /// later call. Refused while any allocation has a live view. Returns how many allocations
+    /// were still live.
+    pub fn close(&mut self) -> Result<u64> {
+        if self.closed {
+            return Ok(0);
+        }
+        if let Some(x) = self
+            .allocs
+            .iter()
+            .find(|x| x.state != State::Vacant && x.pins > 0)
+        {
+            return Err(Error::InvalidState(format!(
+                "cannot close the pool: the allocation at {:#x} has {} live views",
+                x.ptr, x.pins
+            )));
+        }
+        self.cache_on = false;
+        self.flush_cache();
+        let mut live = 0;
+        for a in 0..self.allocs.len() as u32 {
+            let st = self.allocs[a as usize].state;
+            // a group goes back with its last member
+            if matches!(st, State::Live | State::Freeing) {
+                if st == State::Live {
+                    live += 1;
+                    self.counters.live_bytes -= self.allocs[a as usize].size;
+                }
+                self.finish_free(a);
+            }
+        }
+        self.streams.clear();
+        self.fence_stream.clear();
+        for (_, ev) in self.events.drain() {
+            self.dev.backend.fence_drop(ev);
+        }
+        self.release_pages(0);
+        self.dev
+            .backend
+            .unreserve(self.window_base, self.window_bytes);
+        self.closed = true;
+        self.check();
+        Ok(live)
+    }
+
+    pub(super) fn oom_error(&self, size: u64) -> Error {
+        let s = self.stats();
+        let device_free = {
+            let pmm = self.dev.pmm.lock();
+            let st = pmm.stats();
+            st.vidmem - st.allocated_bytes
+        };
+        Error::OutOfMemory(format!(
+            "out of memory: cannot allocate {} ({} rounded); pool: live {}, reserved {}, free {} \
+             (largest free run {}, fragmentation {:.1} %, largest request it can serve {}), \
+             limit {}; device: {} free",
+            format_size(size),
+            format_size(size.div_ceil(GRANULE) * GRANULE),
+            format_size(s.live_bytes),
+            format_size(s.reserved_bytes),
+            format_size(s.free_bytes),
+            format_size(s.largest_free_run),
+            s.fragmentation * 100.0,
+            format_size(s.largest_request),
+            format_size(self.max_size()),
+            format_size(device_free),
+        ))
+    }
+}

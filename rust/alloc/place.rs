@@ -1,0 +1,314 @@
+//! Placement: where a request's memory goes (a heap block, a large block, or a head, whole
+//! pages and a tail), or a miss.
+
+use super::*;
+
+impl Pool {
+    /// A small request: good fit in the heap pages, else a new heap page. Relaxed (on the way
+    /// to out of memory): a free block of a large page will do too.
+    #[inline]
+    pub(super) fn place_small(&mut self, units: u32, a: u32, relaxed: bool) -> Option<Layout> {
+        if let Some(b) = self.primary[HEAP].find_fit(
+            &BlockLinksRef(&self.blocks),
+            units,
+            HEAP_SCAN,
+            self.block_len(),
+        ) {
+            self.remove_free(b);
+            return Some(Layout::Block(self.carve(b, 0, units, a)));
+        }
+        self.reclaim(1);
+        if self.ensure_pages(1) {
+            let p = self.free_pages.alloc(1).expect("a free page");
+            let b = self.open_segment(p, 1, PageKind::Heap);
+            return Some(Layout::Block(self.carve(b, 0, units, a)));
+        }
+        if relaxed {
+            return self.place_in_large_block(units, a);
+        }
+        None
+    }
+
+    /// A request in a free block of a large segment (good fit). A block at a segment's start
+    /// is used from its end and any other from its start, so what is left keeps touching the
+    /// segment's end or start and stays usable as a head or tail.
+    #[inline(always)]
+    pub(super) fn place_in_large_block(&mut self, units: u32, a: u32) -> Option<Layout> {
+        let links = BlockLinksRef(&self.blocks);
+        let b = if self.under_pressure() {
+            self.primary[LARGE].find_best(&links, units, BEST_SCAN, self.block_len())
+        } else {
+            self.primary[LARGE].find_fit(&links, units, LARGE_SCAN, self.block_len())
+        }?;
+        self.remove_free(b);
+        let blk = self.blocks[b as usize];
+        let at = if blk.prev == NIL { blk.len - units } else { 0 };
+        Some(Layout::Block(self.carve(b, at, units, a)))
+    }
+
+    /// A large request: a free block of a large segment that holds it; else a new segment
+    /// over a run of free pages that holds it; else head + whole pages + tail, stitched, with
+    /// the whole free pages inside segments reclaimed before the pool grows for them.
+    pub(super) fn place_large(&mut self, units: u64, a: u32, relaxed: bool) -> Option<Layout> {
+        let pg = self.pg as u64;
+        if units <= MAX_BLOCK {
+            if let Some(l) = self.place_in_large_block(units as u32, a) {
+                return Some(l);
+            }
+        }
+        // Stitched: first make the whole free pages inside segments usable.
+        self.reclaim(units.div_ceil(pg) + 1);
+        // Head: a free page end that the request can use whole, the largest near enough (if the
+        // pages after it are free, the allocation is contiguous: no window, nothing to map).
+        // Tail: a free page start that fits it closely, else (NIL) the start of a fresh page.
+        let (head, mut tail) = self.pick_head_tail(units);
+        let h = self.len_or_0(head);
+        let rest = units - h;
+        let full = (rest / pg) as u32;
+        let t = (rest % pg) as u32;
+        let fresh_tail = t > 0 && tail == NIL;
+        let mut need = full + fresh_tail as u32;
+        if !self.ensure_pages(need) {
+            if !relaxed {
+                return None;
+            }
+            // Short of pages: any free page start that holds the tail saves one; a request
+            // below a page may also take a free block of a heap page.
+            let mut ok = false;
+            if fresh_tail {
+                if let Some(b) =
+                    self.secondary[PREFIX].find_fit(&self.sec_links, t, SCAN, self.block_len())
+                {
+                    tail = b;
+                    need -= 1;
+                    ok = self.ensure_pages(need);
+                }
+            }
+            if !ok {
+                if units < pg {
+                    let b = self.primary[HEAP].find_fit(
+                        &BlockLinksRef(&self.blocks),
+                        units as u32,
+                        SCAN,
+                        self.block_len(),
+                    )?;
+                    self.remove_free(b);
+                    return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
+                }
+                return None;
+            }
+        }
+        // A layout that would need the window (its pages do not follow its head), while the
+        // pool holds free pages aplenty: a free run that holds the whole request instead, as a
+        // new segment (contiguous: nothing to map). Not when pages are scarce: there the head
+        // and tail save pages (fill to failure fell from 99.60 to 98.97 % ungated).
+        if units <= MAX_BLOCK
+            && need > 0
+            && self.free_pages.free_units() * RUN_FIRST_DIV
+                >= self.counters.reserved_bytes >> self.page_shift
+        {
+            let head_ok = head != NIL
+                && self
+                    .free_pages
+                    .run_at(self.page_after(&self.blocks[head as usize]))
+                    >= need;
+            let whole = units.div_ceil(pg) as u32;
+            if !head_ok {
+                if let Some(p) = self.free_pages.alloc(whole) {
+                    let b = self.open_segment(p, whole, PageKind::Large);
+                    return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
+                }
+            }
+        }
+        // Commit.
+        let mut runs: SmallVec<[(u32, u32); 4]> = SmallVec::new();
+        if need > 0 {
+            let next_to_head = if head == NIL {
+                None
+            } else {
+                Some(self.page_after(&self.blocks[head as usize]))
+            };
+            match next_to_head {
+                Some(p) if self.free_pages.alloc_at(p, need) => runs.push((p, need)),
+                _ => {
+                    let ok = self.free_pages.alloc_scattered(need, &mut runs);
+                    debug_assert!(ok);
+                }
+            }
+        }
+        // Contiguous (the pages follow the head, or there is no head and they are one run, and
+        // the tail is the start of their last page): one block of a large segment, extended
+        // over the pages, instead of a stitch. Its free is then a block's free, and its pages
+        // stay in the segment until a request needs them whole (`reclaim`).
+        if (t == 0 || (fresh_tail && tail == NIL)) && units <= MAX_BLOCK && runs.len() <= 1 {
+            if head != NIL {
+                let after = self.page_after(&self.blocks[head as usize]);
+                let pages = match runs.first() {
+                    None => Some((after, 0)),
+                    Some(&(p, n)) if p == after => Some((p, n)),
+                    Some(_) => None,
+                };
+                if let Some((p, n)) = pages {
+                    self.remove_free(head);
+                    for q in p..p + n {
+                        self.page_to(q, PageKind::Covered, NIL);
+                    }
+                    self.blocks[head as usize].len += n << self.gshift;
+                    if n > 0 {
+                        self.journal.push(Change::Extend { b: head, p, n });
+                    }
+                    return Some(Layout::Block(self.carve(head, 0, units as u32, a)));
+                }
+            } else if let Some(&(p, n)) = runs.first() {
+                let b = self.open_segment(p, n, PageKind::Large);
+                return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
+            }
+        }
+        let mut tail_page = NIL;
+        if fresh_tail && tail == NIL {
+            let last = runs.last_mut().expect("the tail's page");
+            tail_page = last.0 + last.1 - 1;
+            last.1 -= 1;
+            if last.1 == 0 {
+                runs.pop();
+            }
+        }
+        if head != NIL {
+            self.remove_free(head);
+            self.take_whole(head, a);
+        }
+        if tail_page != NIL {
+            let b = self.open_segment(tail_page, 1, PageKind::Large);
+            tail = self.carve(b, 0, t, a);
+        } else if tail != NIL {
+            self.remove_free(tail);
+            tail = self.carve(tail, 0, t, a);
+        }
+        Some(self.new_stitch(Stitch {
+            head,
+            runs,
+            tail,
+            window: NIL,
+            window_len: 0,
+        }))
+    }
+
+    /// Whether the pool is under pressure (see `PRESSURE_DIV`): the pages it could still get
+    /// from the device within its limit, with the free pages it holds, are under an eighth of
+    /// that limit. (Other pools of the same device are not counted: the PMM's lock is not
+    /// taken on the hot path.)
+    #[inline]
+    pub(super) fn under_pressure(&self) -> bool {
+        let max = self.max_size();
+        let room = max.saturating_sub(self.counters.reserved_bytes)
+            + (self.free_pages.free_units() << self.page_shift);
+        room * PRESSURE_DIV < max
+    }
+
+    /// The free page start that a tail of a request of `units` after a head of `h` granules
+    /// would take, with the granules it would leave unused: `(0, NIL)` when there is no tail,
+    /// `(u64::MAX, NIL)` when none is close enough (the tail takes a fresh page).
+    pub(super) fn tail_for(&self, units: u64, h: u64, best: bool) -> (u64, u32) {
+        let t = ((units - h) % self.pg as u64) as u32;
+        if t == 0 {
+            return (0, NIL);
+        }
+        let prefix = &self.secondary[PREFIX];
+        let b = if best {
+            prefix.find_best(&self.sec_links, t, TAIL_SCAN, self.block_len())
+        } else {
+            prefix.find_fit(&self.sec_links, t, SCAN, self.block_len())
+        };
+        match b {
+            Some(b) if self.blocks[b as usize].len - t <= self.slack_units => {
+                ((self.blocks[b as usize].len - t) as u64, b)
+            }
+            _ => (u64::MAX, NIL),
+        }
+    }
+
+    /// The head and tail of a large request laid out over whole pages (NIL: none, or a fresh
+    /// page for the tail): the head from `pick_head` and the tail that fits after it; under
+    /// pressure, unless that tail fits exactly, the next `PAIR_SCAN` free page ends that the
+    /// request can use whole are tried too, from the largest down, for the head whose tail
+    /// leaves the least of its free page start unused.
+    pub(super) fn pick_head_tail(&self, units: u64) -> (u32, u32) {
+        let head = self.pick_head(units);
+        let pressure = self.under_pressure();
+        let (mut waste, mut tail) = self.tail_for(units, self.len_or_0(head), pressure);
+        if waste == 0 || !pressure {
+            return (head, tail);
+        }
+        let mut best_head = head;
+        let n = units.min(u32::MAX as u64) as u32;
+        let suffix = &self.secondary[SUFFIX];
+        let mut left = PAIR_SCAN;
+        let mut top = bin_of(n);
+        'bins: while let Some(bin) = suffix.last_at_or_below(top) {
+            for c in suffix.iter(&self.sec_links, bin) {
+                if left == 0 {
+                    break 'bins;
+                }
+                if c == head || self.blocks[c as usize].len > n {
+                    continue;
+                }
+                left -= 1;
+                let (w, tl) = self.tail_for(units, self.len_or_0(c), true);
+                if w < waste {
+                    (waste, tail, best_head) = (w, tl, c);
+                    if w == 0 {
+                        break 'bins;
+                    }
+                }
+            }
+            if bin == 0 {
+                break;
+            }
+            top = bin - 1;
+        }
+        (best_head, tail)
+    }
+
+    /// See `place_large`: the largest free page end of at most `units`, near enough (looks
+    /// at most at `SCAN` candidates). (Looking further for one whose next pages are free, so
+    /// that the allocation is contiguous, found one for 0.25 stitched requests in 80 on the
+    /// mixed churn: dropped.)
+    pub(super) fn pick_head(&self, units: u64) -> u32 {
+        let n = units.min(u32::MAX as u64) as u32;
+        self.secondary[SUFFIX]
+            .find_at_most(&self.sec_links, n, SCAN, self.block_len())
+            .filter(|&b| self.blocks[b as usize].len <= n)
+            .unwrap_or(NIL)
+    }
+
+    pub(super) fn place(&mut self, units: u64, a: u32, relaxed: bool) -> Option<Layout> {
+        if units < self.small_units {
+            self.place_small(units as u32, a, relaxed)
+        } else {
+            self.place_large(units, a, relaxed)
+        }
+    }
+
+    /// The one placement of `batch_in_one_block`: as `place`, but a large batch takes a run of
+    /// free pages that holds it, when no free block does, before trying a head (which would
+    /// be stitched unless the pages after it are free): a batch is placed to be one block.
+    /// When the pool may grow for it (it does not hold the batch's size free), the pages it
+    /// lacks are taken first, so that a batch repeated in a loop finds its run again.
+    pub(super) fn place_batch(&mut self, units: u64, a: u32) -> Option<Layout> {
+        if units >= self.small_units {
+            if let Some(l) = self.place_in_large_block(units as u32, a) {
+                return Some(l);
+            }
+            let n = units.div_ceil(self.pg as u64) as u32;
+            // (growing when the pool may: the batch does not fit in what it holds free)
+            if !self.quick && self.free_pages.free_units() < n as u64 {
+                self.ensure_pages(n);
+            }
+            if let Some(p) = self.free_pages.alloc(n) {
+                let b = self.open_segment(p, n, PageKind::Large);
+                return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
+            }
+        }
+        self.place(units, a, false)
+    }
+}
