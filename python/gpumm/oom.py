@@ -88,7 +88,7 @@ def _prefix(t: Trace, index: int, size: int, stream: int) -> Tuple[List[List[int
     id, no address); the engine index of that request."""
     p = prepare(t)
     k = sum(1 for s in p.source_index if s < index)
-    arrays = [list(a[:k]) for a in (p.actions, p.ids, p.sizes, p.streams, p.addrs)]
+    arrays = [[int(v) for v in a[:k]] for a in (p.actions, p.ids, p.sizes, p.streams, p.addrs)]
     new_id = max(arrays[1] + [len(p.start[1]) if p.start else 0]) + 1
     for a, v in zip(arrays, (0, new_id, size, stream, 0)):
         a.append(v)

@@ -182,8 +182,8 @@ def as_buffers(p: Prepared) -> Prepared:
     buffer in one copy where it converts a list item by item holding the GIL (on 10^5
     events about half of a driver-model replay's time). A value that does not fit (none
     from the readers) leaves ``p`` as it is."""
-    if not p.actions:  # an empty array's buffer has no aligned address to give
-        return p
+    if not isinstance(p.actions, list) or not p.actions:
+        return p  # already buffers (the Rust prepare's), or empty: no aligned address
     try:
         cols = [array("Q", a) for a in (p.actions, p.ids, p.sizes, p.streams, p.addrs)]
     except (OverflowError, TypeError):
@@ -211,7 +211,7 @@ def run_model(name: str, p: Prepared, cap: int, opts: Dict[str, Any], step: int,
             op_ns_mean=0.0, timeline=[], error=f"replay failed: {e}")
     for o in raw["ooms"]:  # the engine counts its own events; say which of the trace's
         if 0 <= o["event"] < len(p.source_index):
-            o["trace_event"] = p.source_index[o["event"]]
+            o["trace_event"] = int(p.source_index[o["event"]])
     r = AllocatorResult(
         allocator=name,
         capacity=cap,

@@ -55,7 +55,8 @@ for(const el of document.querySelectorAll('svg.tl')){
 def peak_index(trace: Any) -> int:
     """The trace index just after the event at which live memory first peaks."""
     p = prepare(trace)
-    return p.source_index[p.peak_event] + 1 if 0 <= p.peak_event < len(p.source_index) else 0
+    n = len(p.source_index)
+    return int(p.source_index[p.peak_event]) + 1 if 0 <= p.peak_event < n else 0
 
 
 def timeline_block(report: Report, trace: Any, colors: Dict[str, str]) -> str:
@@ -65,8 +66,8 @@ def timeline_block(report: Report, trace: Any, colors: Dict[str, str]) -> str:
     t0 = trace.events[0].time_us if trace.events else 0
 
     def sec(engine_event: int) -> float:  # timeline points count engine events from 1
-        i = p.source_index[min(max(engine_event - 1, 0), len(p.source_index) - 1)] \
-            if p.source_index else 0
+        n = len(p.source_index)
+        i = int(p.source_index[min(max(engine_event - 1, 0), n - 1)]) if n else 0
         return (trace.events[i].time_us - t0) / 1e6 if trace.events else 0.0
 
     series: List[Dict[str, Any]] = []

@@ -134,9 +134,9 @@ class TuneResult:
 def _largest_block(p: Any) -> int:
     """An upper bound of every request's and segment's size the caching model sees (the
     allocation rounding: 20 MiB for mid-sized requests, 2 MiB steps above)."""
-    sizes = [s for a, s in zip(p.actions, p.sizes) if a in (0, 2, 4)]
+    sizes = [int(s) for a, s in zip(p.actions, p.sizes) if a in (0, 2, 4)]
     if p.start:
-        sizes += [seg[1] for seg in p.start[0]]
+        sizes += [int(seg[1]) for seg in p.start[0]]
     top = max(sizes, default=0)
     return max(20 * MiB, -(-top // (2 * MiB)) * 2 * MiB)
 
