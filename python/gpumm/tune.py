@@ -49,7 +49,8 @@ def options_from_conf(text: str) -> Dict[str, Any]:
     if text.strip():
         from gpumm.alloc_conf import parse_alloc_conf
 
-        opts.update(parse_alloc_conf(text))
+        got = parse_alloc_conf(text)  # an AllocConf: its ``options`` are the model's
+        opts.update(getattr(got, "options", got))
     return opts
 
 
