@@ -226,10 +226,10 @@ def test_the_real_three_gpu_job(capsys):
     assert oom["size"] == 5308694528  # 4.94 GiB, the failure the job hit
     assert all(not r.recorded_ooms for r in reports[1:])
     assert main(["replay", str(QWEN3), "--allocator", "caching", "--no-min-capacity"]) == 0
-    out = " ".join(capsys.readouterr().out.split())  # rich wraps lines at 80 columns
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps lines at the terminal's width
     at = [out.index(f"device {d} ─") for d in (1, 0, 2)]
     assert at == sorted(at)
-    assert at[0] < out.index("4.94 GiB requested") < at[1]
+    assert at[0] < out.index("4.94 GiB requested, 91.25 MiB free on the device") < at[1]
     assert main(["replay", str(QWEN3), "--allocator", "caching", "--no-min-capacity",
                  "--gpu", "0", "--json", "-"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from gpumm import _core
 from gpumm.arch import get_device
 from gpumm.errors import GpummError, InvalidArgumentError
+from gpumm.traces import read_traces
 from gpumm.traces.base import Trace
 from gpumm.traces.prepare import Prepared, prepare
 from gpumm.units import MiB, SizeLike, parse_size
@@ -295,8 +296,6 @@ def read_devices(path: Union[str, "os.PathLike[str]"], gpu: Optional[int] = None
     out-of-memory failure first, then by index; one for an RMM log or a profiler trace), or
     only device ``gpu``. A device the file does not hold is an
     :class:`~gpumm.errors.InvalidArgumentError` that lists the ones it holds."""
-    from gpumm.traces import read_traces
-
     if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool)):
         raise InvalidArgumentError(f"gpu must be a device index (an int), not {gpu!r}")
     traces = read_traces(path)
