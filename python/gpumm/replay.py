@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from array import array
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from gpumm import _core
@@ -35,8 +34,7 @@ from gpumm.traces.prepare import Prepared, prepare
 from gpumm.units import MiB, SizeLike, parse_size
 
 __all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "replay",
-           "read_devices", "replay_file", "devices_json", "run_model", "recorded_options",
-           "as_buffers"]
+           "read_devices", "replay_file", "devices_json", "run_model", "recorded_options"]
 
 #: Every allocator model, in report order.
 ALLOCATORS: Tuple[str, ...] = tuple(_core.ALLOCATORS)
@@ -178,21 +176,6 @@ def _core_failure(e: BaseException) -> bool:
     return isinstance(e, GpummError) or type(e).__name__ == "PanicException"
 
 
-def as_buffers(p: Prepared) -> Prepared:
-    """``p`` with its event arrays as uint64 buffers (``array('Q')``): the core reads a
-    buffer in one copy where it converts a list item by item holding the GIL (on 10^5
-    events about half of a driver-model replay's time). A value that does not fit (none
-    from the readers) leaves ``p`` as it is."""
-    if not isinstance(p.actions, list) or not p.actions:
-        return p  # already buffers (the Rust prepare's), or empty: no aligned address
-    try:
-        cols = [array("Q", a) for a in (p.actions, p.ids, p.sizes, p.streams, p.addrs)]
-    except (OverflowError, TypeError):
-        return p
-    return replace(p, actions=cols[0], ids=cols[1], sizes=cols[2], streams=cols[3],
-                   addrs=cols[4])
-
-
 def run_model(name: str, p: Prepared, cap: int, opts: Dict[str, Any], step: int,
               min_capacity: bool = True) -> AllocatorResult:
     """One allocator's replay of a prepared trace at ``cap`` bytes with caching-model options
@@ -266,7 +249,7 @@ def replay(
         )
     cap = parse_size(capacity) if capacity is not None else get_device(device).vidmem
     unit = parse_size(step)
-    p = as_buffers(prepare(trace))
+    p = prepare(trace)
     opts = recorded_options(trace, caching_options)
     t0 = time.perf_counter()
     results: Dict[str, AllocatorResult] = {}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gpumm.arch import get_device
-from gpumm.replay import as_buffers, prepare, recorded_options, run_model
+from gpumm.replay import prepare, recorded_options, run_model
 from gpumm.traces.base import Trace
 from gpumm.units import MiB, SizeLike, parse_size
 
@@ -150,7 +150,7 @@ def tune(trace: Trace, capacity: Optional[SizeLike] = None, device: str = "h100"
     ``device``'s), on ``workers`` threads (default: every core)."""
     cap = parse_size(capacity) if capacity is not None else get_device(device).vidmem
     unit = parse_size(step)
-    p = as_buffers(prepare(trace))
+    p = prepare(trace)
     rec_opts = dict(DEFAULTS)
     rec_opts.update(recorded_options(trace, None))
     if rec_opts.get("max_split_size", 0) < 0:
