@@ -101,9 +101,10 @@ def try_fix(t: Trace, oom: Dict[str, Any], model: str, options: Dict[str, Any],
     :meth:`Trace.recorded_ooms`) on a ``capacity``-byte device after the same events; None
     where the core failed."""
     stream = t.events[oom["index"]].stream
-    arrays, start, k = _prefix(t, oom["index"], oom["size"], stream)
+    (act, ids, sizes, streams, addrs), start, k = _prefix(t, oom["index"], oom["size"], stream)
     try:
-        raw = _core.replay(model, capacity, *arrays, start, options=options, timeline_points=2)
+        raw = _core.replay(model, capacity, act, ids, sizes, streams, addrs, start,
+                           options=options, timeline_points=2)
     except GpummError:
         return None
     return not any(o["event"] == k for o in raw["ooms"])
@@ -116,7 +117,8 @@ def state_at_oom(t: Trace, oom: Dict[str, Any]) -> OomState:
     stream = t.events[index].stream
     arrays, start, k = _prefix(t, index, oom["size"], stream)
     # the events before the request only, the state taken after the last of them
-    raw = _core.replay("caching", _HUGE, *(a[:k] for a in arrays), start,
+    act, ids, sizes, streams, addrs = (a[:k] for a in arrays)
+    raw = _core.replay("caching", _HUGE, act, ids, sizes, streams, addrs, start,
                        peak_event=max(k - 1, 0), options=recorded_options(t, None),
                        timeline_points=2)
     live = live_at(t, index)
