@@ -22,8 +22,8 @@ from gpumm.traces.base import Trace
 from gpumm.units import format_size as fs
 from gpumm.units import parse_size
 
-__all__ = ["OomState", "state_at_oom", "live_at", "live_blocks_at", "recorded_reserved_at", "try_fix",
-           "explain_recorded_oom"]
+__all__ = ["OomState", "state_at_oom", "live_at", "live_blocks_at", "recorded_reserved_at",
+           "try_fix", "explain_recorded_oom"]
 
 _HUGE = 1 << 50  # a capacity no trace reaches: the state replay must not fail on its own
 
@@ -148,7 +148,8 @@ def _fixes(t: Trace) -> List[Tuple[str, str, Dict[str, Any]]]:
     for o in tries:
         if o != rec:
             conf = alloc_conf_text(o)
-            out.append((f"PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else "PyTorch's defaults", "caching", o))
+            label = f"PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else "PyTorch's defaults"
+            out.append((label, "caching", o))
     out.append(("gpumm's pool", "gpumm", {}))
     return out
 
@@ -163,13 +164,13 @@ def explain_recorded_oom(t: Trace, oom: Dict[str, Any],
     except GpummError as e:
         return [Finding("fact", f"the caching model failed replaying up to the failure: {e}")]
     where = f"device {t.device}, " if t.format == "snapshot" else ""
+    own = (f" (PyTorch's own segments: {fs(st.recorded_reserved)})"
+           if st.recorded_reserved else "")
+    left = "" if st.device_free is None else f", the device had {fs(st.device_free)} left"
     out = [Finding("fact", f"at the failure ({where}stream {st.stream}, {fs(st.size)} requested; "
                    f"replayed with the recorded settings): live {fs(st.live)}, reserved "
-                   f"{fs(st.reserved)}" + (f" (PyTorch's own segments: {fs(st.recorded_reserved)})"
-                                          if st.recorded_reserved else "") + f", cached but free {fs(st.cached_free)} (largest free "
-                   f"block {fs(st.largest_free)})" + (
-                       "" if st.device_free is None else
-                       f", the device had {fs(st.device_free)} left"), st.size)]
+                   f"{fs(st.reserved)}{own}, cached but free {fs(st.cached_free)} (largest free "
+                   f"block {fs(st.largest_free)}){left}", st.size)]
     cap = st.capacity if st.capacity is not None else (
         parse_size(capacity) if capacity is not None else None)
     if cap is None:
