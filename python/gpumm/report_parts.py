@@ -214,6 +214,9 @@ def tune_block(result: Optional[Any], rows: int = 6) -> str:
                f"<td>{size(g.min_capacity)}</td><td>{len(g.ooms)}</td><td></td></tr>")
     best = result.best.alloc_conf
     line = (f"PYTORCH_CUDA_ALLOC_CONF={best}" if best else "PyTorch's defaults")
-    return (f"<p>Best by replay: <code>{html.escape(line)}</code></p><table><tr><th>"
+    return (f"<p>Best by replay: <code>{html.escape(line)}</code></p><p class=small>Each row "
+            f"replays the events the job made with that setting (a request that failed is not "
+            f"among them: the doctor's findings replay it); gpumm replay TRACE --allocator "
+            f"caching --alloc-conf CONF gives the same figures.</p><table><tr><th>"
             f"PYTORCH_CUDA_ALLOC_CONF</th><th>peak reserved</th><th>smallest device</th><th>"
             f"OOMs at {fs(result.capacity)}</th><th></th></tr>{''.join(out)}</table>")
