@@ -16,15 +16,15 @@ PKG = Path(gpumm.__file__).parent
 # lowest first; a module may import from its layer and the layers before it
 LAYERS: List[List[str]] = [
     ["gpumm._core", "gpumm.errors", "gpumm.units"],
-    ["gpumm.arch"],
+    ["gpumm.arch", "gpumm.frames"],
     ["gpumm.observe", "gpumm.diagnosis"],
     ["gpumm.pmm", "gpumm.uvm", "gpumm.pool", "gpumm.policy", "gpumm.integrations"],
     ["gpumm.traces.base", "gpumm.traces.rmm", "gpumm.traces.snapshot", "gpumm.traces.profiler"],
     # the Python pool replay runs a MemoryPool and the engine's arrays; `gpumm.traces` gathers
     # the readers and it
     ["gpumm.replay", "gpumm.traces.pool_replay", "gpumm.traces"],
-    ["gpumm.doctor", "gpumm.report"],
-    ["gpumm.cli", "gpumm.__main__", "gpumm"],
+    ["gpumm.tune", "gpumm.oom", "gpumm.doctor", "gpumm.report", "gpumm.report_parts"],
+    ["gpumm.cli", "gpumm.cli_tune", "gpumm.__main__", "gpumm"],
 ]
 
 

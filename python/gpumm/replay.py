@@ -34,7 +34,7 @@ from gpumm.traces.prepare import Prepared, prepare
 from gpumm.units import MiB, SizeLike, parse_size
 
 __all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "replay",
-           "read_devices", "replay_file", "devices_json"]
+           "read_devices", "replay_file", "devices_json", "run_model", "recorded_options"]
 
 #: Every allocator model, in report order.
 ALLOCATORS: Tuple[str, ...] = tuple(_core.ALLOCATORS)
@@ -151,7 +151,7 @@ class Report:
         return out
 
 
-def _caching_options(trace: Trace, overrides: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def recorded_options(trace: Trace, overrides: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The real allocator's settings from the snapshot, then the caller's."""
     opts: Dict[str, Any] = {}
     s = trace.settings or {}
@@ -168,6 +168,65 @@ def _caching_options(trace: Trace, overrides: Optional[Dict[str, Any]]) -> Dict[
             opts["roundup_power2_divisions"] = vals.pop()
     opts.update(overrides or {})
     return opts
+
+
+def _core_failure(e: BaseException) -> bool:
+    """Whether ``e`` is a model's failure in the core: a GpummError, or a Rust panic that
+    reached Python (a BaseException PyO3 names PanicException) so the other models go on."""
+    return isinstance(e, GpummError) or type(e).__name__ == "PanicException"
+
+
+def run_model(name: str, p: Prepared, cap: int, opts: Dict[str, Any], step: int,
+              min_capacity: bool = True) -> AllocatorResult:
+    """One allocator's replay of a prepared trace at ``cap`` bytes with caching-model options
+    ``opts`` (what :func:`replay` does per allocator; ``gpumm tune`` calls it per setting, so
+    both give the same numbers). The core releases the GIL: threads run models in parallel.
+    A :class:`~gpumm.errors.GpummError` of the core is recorded in ``error``."""
+    arrays = (p.actions, p.ids, p.sizes, p.streams, p.addrs)
+    try:
+        raw = _core.replay(name, cap, *arrays, p.start, peak_event=max(p.peak_event, 0),
+                           options=opts)
+    except BaseException as e:  # noqa: B036 - re-raised unless the core failed
+        if not _core_failure(e):
+            raise
+        return AllocatorResult(
+            allocator=name, capacity=cap, peak_live=p.peak_live, peak_reserved=0,
+            final_reserved=0, ooms=[], fragmentation_at_peak=0.0, events_per_second=0.0,
+            op_ns_mean=0.0, timeline=[], error=f"replay failed: {e}")
+    for o in raw["ooms"]:  # the engine counts its own events; say which of the trace's
+        if 0 <= o["event"] < len(p.source_index):
+            o["trace_event"] = int(p.source_index[o["event"]])
+    r = AllocatorResult(
+        allocator=name,
+        capacity=cap,
+        peak_live=raw["peak_live"],
+        peak_reserved=raw["peak_reserved"],
+        final_reserved=raw["final_reserved"],
+        ooms=raw["ooms"],
+        fragmentation_at_peak=raw["fragmentation_at_peak"],
+        events_per_second=raw["events_per_second"],
+        op_ns_mean=raw["op_ns_mean"],
+        timeline=raw["timeline"],
+        free_at_peak=raw["free_at_peak"],
+        raw=raw,
+    )
+    if name.startswith("caching") and raw["addressed_allocs"]:
+        r.address_match = raw["address_matches"] / raw["addressed_allocs"]
+    if min_capacity:
+        # The caching models ask the device for memory only to grow: a run that never failed
+        # makes the same choices on a device of its own peak, so the search stops there (a
+        # buddy arena's layout depends on the capacity: not for the others).
+        hi = cap
+        if name.startswith("caching") and not r.ooms and not raw.get("preload_failed"):
+            hi = min(cap, -(-r.peak_reserved // step) * step)
+        try:
+            r.min_capacity = _core.replay_min_capacity(
+                name, *arrays, p.start, peak_live=p.peak_live, hi=hi, step=step, options=opts)
+        except BaseException as e:  # noqa: B036 - re-raised unless the core failed
+            if not _core_failure(e):
+                raise
+            r.error = f"smallest-capacity search failed: {e}"
+    return r
 
 
 def replay(
@@ -191,49 +250,13 @@ def replay(
     cap = parse_size(capacity) if capacity is not None else get_device(device).vidmem
     unit = parse_size(step)
     p = prepare(trace)
-    arrays = (p.actions, p.ids, p.sizes, p.streams, p.addrs)
-    opts = _caching_options(trace, caching_options)
+    opts = recorded_options(trace, caching_options)
     t0 = time.perf_counter()
     results: Dict[str, AllocatorResult] = {}
     for name in names:
         if progress:
             progress(name)
-        try:
-            raw = _core.replay(name, cap, *arrays, p.start, peak_event=max(p.peak_event, 0),
-                               options=opts)
-        except GpummError as e:
-            results[name] = AllocatorResult(
-                allocator=name, capacity=cap, peak_live=p.peak_live, peak_reserved=0,
-                final_reserved=0, ooms=[], fragmentation_at_peak=0.0, events_per_second=0.0,
-                op_ns_mean=0.0, timeline=[], error=f"replay failed: {e}")
-            continue
-        for o in raw["ooms"]:  # the engine counts its own events; say which of the trace's
-            if 0 <= o["event"] < len(p.source_index):
-                o["trace_event"] = p.source_index[o["event"]]
-        r = AllocatorResult(
-            allocator=name,
-            capacity=cap,
-            peak_live=raw["peak_live"],
-            peak_reserved=raw["peak_reserved"],
-            final_reserved=raw["final_reserved"],
-            ooms=raw["ooms"],
-            fragmentation_at_peak=raw["fragmentation_at_peak"],
-            events_per_second=raw["events_per_second"],
-            op_ns_mean=raw["op_ns_mean"],
-            timeline=raw["timeline"],
-            free_at_peak=raw["free_at_peak"],
-            raw=raw,
-        )
-        if name.startswith("caching") and raw["addressed_allocs"]:
-            r.address_match = raw["address_matches"] / raw["addressed_allocs"]
-        if min_capacity:
-            try:
-                r.min_capacity = _core.replay_min_capacity(
-                    name, *arrays, p.start, peak_live=p.peak_live, hi=cap, step=unit,
-                    options=opts)
-            except GpummError as e:
-                r.error = f"smallest-capacity search failed: {e}"
-        results[name] = r
+        results[name] = run_model(name, p, cap, opts, unit, min_capacity)
     return Report(
         source=trace.source,
         format=trace.format,
