@@ -23,7 +23,7 @@ def record_cuda(path: Optional[Union[str, "os.PathLike[str]"]], steps: Optional[
     """Records the block's CUDA allocations with PyTorch's allocator history."""
     import torch
 
-    from gpumm.record import Recorder
+    from gpumm.recorder import Recorder
     from gpumm.record_hooks import step_hooks, stopping
 
     rec = Recorder(steps, warmup, False, step_on, progress, stop, "cuda")

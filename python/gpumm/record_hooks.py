@@ -11,8 +11,8 @@ __all__ = ["stopping", "cuda_shim", "step_hooks", "fake_swap", "live_storages", 
 
 @contextlib.contextmanager
 def stopping(stop: bool) -> Iterator[None]:
-    """Ends the block quietly at :class:`gpumm.record.StopRecording` when ``stop``."""
-    from gpumm.record import StopRecording
+    """Ends the block quietly at :class:`gpumm.recorder.StopRecording` when ``stop``."""
+    from gpumm.recorder import StopRecording
 
     try:
         yield
