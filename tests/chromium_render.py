@@ -3,7 +3,9 @@
     python tests/chromium_render.py PAGE.html SHOT.png
 
 prints one JSON object: ``engine`` (the user agent), ``loaded``, ``console`` (the page's
-console messages), ``svgs`` (the rendered width and height of each ``<svg>``), ``polylines``,
+console messages), ``requests`` (every URL the page asked for, the page's own file
+included), ``text`` (the page's text, ``<title>`` tooltips of its SVGs included), ``zoomed``
+(a timeline's time range before and after a wheel turn over it, where the page has one), ``svgs`` (the rendered width and height of each ``<svg>``), ``polylines``,
 ``height`` and ``width`` (the document's, scrolled: a width over the view's means the
 page overflows sideways), and ``ink`` (the fraction of the screenshot's pixels that are
 not the background). The whole page is saved to SHOT.png.
@@ -24,7 +26,7 @@ os.environ["QTWEBENGINE_CHROMIUM_FLAGS"] = (
 os.environ.setdefault("QTWEBENGINE_DISABLE_SANDBOX", "1")
 
 from PyQt6.QtCore import QTimer, QUrl  # noqa: E402
-from PyQt6.QtWebEngineCore import QWebEnginePage  # noqa: E402
+from PyQt6.QtWebEngineCore import QWebEnginePage, QWebEngineUrlRequestInterceptor  # noqa: E402
 from PyQt6.QtWebEngineWidgets import QWebEngineView  # noqa: E402
 from PyQt6.QtWidgets import QApplication  # noqa: E402
 
@@ -36,7 +38,26 @@ PROBE = """(() => ({
   polylines: document.querySelectorAll('polyline').length,
   height: Math.ceil(document.documentElement.scrollHeight),
   width: Math.ceil(document.documentElement.scrollWidth),
+  text: document.body.textContent,
+  zoomed: (() => { const el = document.querySelector('svg.tl'); if (!el) return null;
+    const before = [el._x0, el._x1]; const r = el.getBoundingClientRect();
+    el.dispatchEvent(new WheelEvent('wheel', {deltaY: -100, clientX: r.left + r.width / 2,
+      clientY: r.top + 10, bubbles: true, cancelable: true}));
+    const after = [el._x0, el._x1];
+    el.dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));
+    return [before, after]; })(),
 }))()"""
+
+
+class Requests(QWebEngineUrlRequestInterceptor):
+    """Records every URL the page asks for."""
+
+    def __init__(self):
+        super().__init__()
+        self.urls = []
+
+    def interceptRequest(self, info):  # noqa: N802 (Qt's name)
+        self.urls.append(info.requestUrl().toString())
 
 
 class Page(QWebEnginePage):
@@ -67,12 +88,15 @@ def main(page_path, shot_path):
     view = QWebEngineView()
     page = Page(view)
     view.setPage(page)
+    requests = Requests()
+    page.profile().setUrlRequestInterceptor(requests)
     view.resize(WIDTH, 900)
     out = {"loaded": False}
 
     def finish(result):
         out.update(result or {})
         out["console"] = page.console
+        out["requests"] = requests.urls
         image = view.grab().toImage()
         image.save(shot_path)
         out["ink"] = ink(image)

@@ -16,15 +16,19 @@ PKG = Path(gpumm.__file__).parent
 # lowest first; a module may import from its layer and the layers before it
 LAYERS: List[List[str]] = [
     ["gpumm._core", "gpumm.errors", "gpumm.units"],
-    ["gpumm.arch"],
+    ["gpumm.arch", "gpumm.frames", "gpumm.alloc_conf"],
     ["gpumm.observe", "gpumm.diagnosis"],
     ["gpumm.pmm", "gpumm.uvm", "gpumm.pool", "gpumm.policy", "gpumm.integrations"],
-    ["gpumm.traces.base", "gpumm.traces.rmm", "gpumm.traces.snapshot", "gpumm.traces.profiler"],
+    ["gpumm.traces.base", "gpumm.traces.rmm", "gpumm.traces.snapshot", "gpumm.traces.profiler",
+     "gpumm.traces.prepare"],
     # the Python pool replay runs a MemoryPool and the engine's arrays; `gpumm.traces` gathers
     # the readers and it
     ["gpumm.replay", "gpumm.traces.pool_replay", "gpumm.traces"],
-    ["gpumm.doctor", "gpumm.report"],
-    ["gpumm.cli", "gpumm.__main__", "gpumm"],
+    # recording a PyTorch program writes a trace
+    ["gpumm.recorder", "gpumm.record_hooks", "gpumm.record_cuda", "gpumm.record"],
+    ["gpumm.tune", "gpumm.oom", "gpumm.doctor", "gpumm.report", "gpumm.report_parts",
+     "gpumm.predict"],
+    ["gpumm.cli", "gpumm.cli_tune", "gpumm.cli_record", "gpumm.__main__", "gpumm"],
 ]
 
 

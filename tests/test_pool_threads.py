@@ -86,8 +86,10 @@ def test_core_work_releases_the_gil():
     t.join()
     inside = [x for x in ticks if t0 < x < t1]
     assert len(ptrs) == len(sizes)
-    # the ticker ran during the call: at least a third of the ticks it could have made
-    assert len(inside) >= (t1 - t0) / 0.0005 / 3 - 2, (len(inside), t1 - t0)
+    # the ticker ran during the call (a call that held the GIL lets it tick not once: the
+    # interpreter cannot switch threads inside it); a count, not a rate, so that a loaded
+    # machine's slow sleeps do not fail it
+    assert len(inside) >= 3, (len(inside), t1 - t0)
     pool.free_batch(ptrs)
 
 

@@ -266,10 +266,11 @@ def test_html_report(tmp_path):
     p = _Parser()
     p.feed(text)
     assert p.tags["svg"] >= 2 and p.tags["polyline"] >= len(ALLOCATORS) + 1
-    assert p.tags["rect"] > 10 and p.tags["table"] == 1
+    assert p.tags["rect"] > 10 and p.tags["table"] >= 1
     for name in ALLOCATORS:
         assert name in text
-    assert "<script" not in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
+    # the page's one script is inline; nothing is loaded
+    assert "<script src" not in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
 
 
 def test_chunk_map_merges_neighbours_and_stays_in_its_width():

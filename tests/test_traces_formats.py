@@ -236,3 +236,21 @@ def test_sizes_near_the_top_of_u64_saturate(tmp_path):
     t = read_rmm_csv(p)
     assert t.peak_live() == top
     assert prepare(t).peak_live == top
+
+
+def test_an_allocation_at_a_live_pointer_frees_the_old_one_first(tmp_path):
+    """A log that missed a free: the engine is told the old allocation ended, so every model
+    holds what the trace holds (peak live 96 B, not 160)."""
+    from gpumm.replay import replay
+
+    p = tmp_path / "r.csv"
+    p.write_text(RMM_HEADER + "1,00:00:00.1,allocate,0x1000,64,0x0\n"
+                 "1,00:00:00.2,allocate,0x1000,96,0x0\n"
+                 "1,00:00:00.3,free,0x1000,96,0x0\n")
+    t = read_rmm_csv(p)
+    prep = prepare(t)
+    assert list(prep.actions) == [0, 1, 0, 1] and prep.peak_live == 96
+    assert list(prep.ids) == [0, 0, 1, 1]
+    report = replay(t, capacity="1GiB", min_capacity=False)
+    for r in report.results.values():
+        assert r.peak_live == 96 and r.final_reserved >= 0, r.allocator

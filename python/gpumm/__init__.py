@@ -39,6 +39,7 @@ __all__ = [
     "replay",
     "uvm",
     "track",
+    "record",
     "metrics_text",
     "publish",
     "LeakError",
@@ -51,6 +52,7 @@ __all__ = [
 
 from gpumm import integrations, policy, replay, uvm  # noqa: E402 - modules built on the above
 from gpumm.observe import LeakError, metrics_text, publish  # noqa: E402
+from gpumm.record import record  # noqa: E402 - imports torch only when called
 
 
 def track(pool: MemoryPool, on: bool = True) -> MemoryPool:

@@ -269,8 +269,10 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
 
     from gpumm.report import explain_ooms, html_report, recorded_oom_lines, table
     from gpumm.replay import ALLOCATORS, devices_json, read_devices, replay
+    from gpumm.tune import options_from_conf
 
     traces = read_devices(args.trace, args.gpu)
+    conf = None if args.alloc_conf is None else options_from_conf(args.alloc_conf)
     names = [n.strip() for n in args.allocator.split(",") if n.strip()] if args.allocator else list(ALLOCATORS)
     quiet = args.json == "-"
     events = sum(len(t.events) for t in traces)
@@ -284,7 +286,8 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
                 bar.update(task, advance=1, description=f"{where}replaying through {name}")
 
             reports.append(replay(t, names, capacity=args.capacity, device=args.device,
-                                  min_capacity=not args.no_min_capacity, progress=step))
+                                  min_capacity=not args.no_min_capacity, progress=step,
+                                  caching_options=conf))
     if args.json:
         text = json.dumps(devices_json(reports), indent=2)
         if args.json == "-":
@@ -293,8 +296,13 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
             with open(args.json, "w") as f:
                 f.write(text + "\n")
     if args.html:
+        from gpumm.doctor import diagnose_trace
+        from gpumm.tune import tune
+
+        diags = [diagnose_trace(t, args.capacity) for t in traces]
+        tuned = [tune(t, capacity=args.capacity) for t in traces]
         with open(args.html, "w") as f:
-            f.write(html_report(reports))
+            f.write(html_report(reports, traces, diags, tuned))
     if quiet:
         return 0
     _devices_note(traces, out, "replayed")
@@ -455,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", metavar="OUT", help="write the results as JSON ('-' for stdout only)")
     rp.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
     rp.add_argument("--no-min-capacity", action="store_true", help="skip the smallest-capacity search")
+    rp.add_argument("--alloc-conf", metavar="CONF", help="the caching models' settings as a "
+                    "PYTORCH_CUDA_ALLOC_CONF string, in place of the recorded ones (settings "
+                    "not named take PyTorch's defaults), e.g. expandable_segments:True")
     rp.add_argument("--gpu", type=int, metavar="N", help="replay device N of a snapshot only "
                     "(default: every device, the one with a recorded OOM first)")
     uv = sub.add_parser("uvm", help="unified memory under oversubscription (a model of the UVM driver)")
@@ -476,10 +487,13 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--capacity", help="device capacity for the replays (default: an H100's)")
     dr.add_argument("--gpu", type=int, metavar="N", help="diagnose device N of a snapshot only "
                     "(default: every device, the one with a recorded OOM first)")
+    from gpumm.cli_tune import register as register_tune
+    register_tune(sub)
     tp = sub.add_parser("top", help="a live view of a process's pools (it calls gpumm.publish(FILE))")
     tp.add_argument("file", help="the metrics file the process publishes")
     tp.add_argument("--once", action="store_true", help="print one view and exit")
     tp.add_argument("--seconds", type=int, default=0, help="stop after this many seconds")
+    __import__("gpumm.cli_record").cli_record.register(sub)
     return p
 
 
@@ -494,8 +508,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.oversubscription = args.oversubscription if args.factor_given else 1.0
     out = Console()
     try:
+        if args.command in ("record", "predict"):
+            return __import__("gpumm.cli_record").cli_record.dispatch(args, out)
         commands = {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay, "uvm": cmd_uvm,
                     "doctor": cmd_doctor, "top": cmd_top}
+        if hasattr(args, "func"):
+            return args.func(args, out)
         return commands[args.command](args, out)
     except (GpummError, OSError) as e:
         Console(stderr=True).print(f"[red]error:[/red] {e}")

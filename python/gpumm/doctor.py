@@ -12,9 +12,10 @@ held by one small allocation), and which stacks hold the most.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from gpumm.diagnosis import Diagnosis, Finding, diagnose_pool
+from gpumm.frames import holders
 from gpumm.units import format_size as fs
 
 __all__ = ["Finding", "Diagnosis", "diagnose_pool", "diagnose_file", "diagnose_trace"]
@@ -41,12 +42,16 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
     if t.format == "snapshot":
         _snapshot_state(t, d)
     fails = t.recorded_ooms()
+    oom_findings: List[Finding] = []
     if fails:
         first = recorded_oom_text(fails[0], len(t.events),
                                   t.device if t.format == "snapshot" else None,
                                   t.events[0].time_us)
         add(Finding("fact", f"{first} ({len(fails)} allocation failure(s) recorded in all)",
                     fails[0]["size"]))
+        from gpumm.oom import explain_recorded_oom
+
+        oom_findings = [d.findings.pop()] + explain_recorded_oom(t, fails[0], capacity)
     rep = replay(t, ["gpumm", "caching", "driver"], capacity=capacity)
     for name, r in rep.results.items():
         if r.error:
@@ -63,7 +68,9 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
                     f"vs {fs(g.peak_reserved)})", c.peak_reserved - g.peak_reserved))
     add(Finding("fact", f"peak live {fs(rep.peak_live)}; no allocator can need less than "
                 f"{fs(drv.min_capacity or rep.peak_live)} of device for this trace"))
-    return d.rank()
+    d.rank()
+    d.findings = oom_findings + d.findings  # the recorded failure first: it is the question
+    return d
 
 
 def _fs(n: Optional[int]) -> str:
@@ -77,7 +84,7 @@ def _snapshot_state(t: Any, d: Diagnosis) -> None:
     reserved = sum(s.get("total_size", 0) for s in segs)
     live = free = largest = 0
     lone_small = 0
-    by_stack: Dict[str, int] = {}
+    held: List[Tuple[int, List[str]]] = []
     for s in segs:
         blocks = s.get("blocks") or []
         live_blocks = [b for b in blocks if b.get("state") in ("active_allocated", "active_pending_free")]
@@ -86,11 +93,8 @@ def _snapshot_state(t: Any, d: Diagnosis) -> None:
             if b.get("state") in ("active_allocated", "active_pending_free"):
                 live += size
                 frames = [f for f in (b.get("frames") or []) if isinstance(f, dict)]
-                py = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
-                key = " <- ".join(f"{str(f.get('filename', '?')).split('/')[-1]}:{f.get('line', 0)} "
-                                  f"{f.get('name', '?')}" for f in (py or frames)[:3])
-                if key:
-                    by_stack[key] = by_stack.get(key, 0) + size
+                held.append((size, [f"{f.get('filename', '?')}:{f.get('line', 0)}:"
+                                    f"{f.get('name', '?')}" for f in frames]))
             else:
                 free += size
                 largest = max(largest, size)
@@ -102,10 +106,14 @@ def _snapshot_state(t: Any, d: Diagnosis) -> None:
                 f"allocated {fs(live)}, cached free {fs(free)} (largest free block {fs(largest)}, "
                 f"fragmentation {frag:.0%})", free))
     if free > largest:
+        stitch = ("gpumm" if t.settings.get("expandable_segments") is True
+                  else "gpumm, or PyTorch with expandable_segments:True")
         add(Finding("remedy", f"{fs(free)} is cached but free in pieces of at most {fs(largest)}: "
-                    f"an allocator that stitches pages (gpumm, or PyTorch with "
-                    f"expandable_segments) could use it for one large request", free - largest))
+                    f"an allocator that stitches pages ({stitch}) could use it for one large "
+                    f"request", free - largest))
     if lone_small:
         add(Finding("fact", f"{lone_small} small 2 MiB segment(s) are held by a single block each"))
-    for stack, nbytes in sorted(by_stack.items(), key=lambda kv: -kv[1])[:3]:
-        add(Finding("fact", f"{fs(nbytes)} allocated from {stack}", nbytes))
+    for key, nbytes, count, _ in holders(held, 3):
+        if key != "(no Python frame)":
+            add(Finding("fact", f"{fs(nbytes)} allocated from {key} ({count} block(s), at the "
+                        f"snapshot)", nbytes))

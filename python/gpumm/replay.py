@@ -29,12 +29,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from gpumm import _core
 from gpumm.arch import get_device
 from gpumm.errors import GpummError, InvalidArgumentError
+from gpumm.traces import read_traces
 from gpumm.traces.base import Trace
 from gpumm.traces.prepare import Prepared, prepare
 from gpumm.units import SizeLike, parse_size
 
 __all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "replay",
-           "read_devices", "replay_file", "devices_json"]
+           "read_devices", "replay_file", "devices_json", "run_model", "recorded_options"]
 
 #: Every allocator model, in report order.
 ALLOCATORS: Tuple[str, ...] = tuple(_core.ALLOCATORS)
@@ -151,7 +152,7 @@ class Report:
         return out
 
 
-def _caching_options(trace: Trace, overrides: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def recorded_options(trace: Trace, overrides: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The real allocator's settings from the snapshot, then the caller's."""
     opts: Dict[str, Any] = {}
     s = trace.settings or {}
@@ -170,19 +171,68 @@ def _caching_options(trace: Trace, overrides: Optional[Dict[str, Any]]) -> Dict[
     return opts
 
 
-def _smallest_capacity(name: str, arrays: Tuple[Any, ...], p: Prepared, cap: int,
-                       peak_reserved: int, step: Optional[int], opts: Dict[str, Any]
-                       ) -> Optional[int]:
-    """The model's smallest capacity with no out-of-memory failure, searched first up to what
-    it reserved at ``cap`` (a replay that never held more than that mostly fits there, and the
-    bisection then spans a few steps), and up to ``cap`` when it does not fit there."""
-    search = functools.partial(_core.replay_min_capacity, name, *arrays, p.start,
-                               peak_live=p.peak_live, step=step, options=opts)
-    if 0 < peak_reserved < cap:
-        got = search(hi=peak_reserved)
-        if got is not None:
-            return got  # type: ignore[no-any-return]
-    return search(hi=cap)  # type: ignore[no-any-return]
+def _core_failure(e: BaseException) -> bool:
+    """Whether ``e`` is a model's failure in the core: a GpummError, or a Rust panic that
+    reached Python (a BaseException PyO3 names PanicException) so the other models go on."""
+    return isinstance(e, GpummError) or type(e).__name__ == "PanicException"
+
+
+def run_model(name: str, p: Prepared, cap: int, opts: Dict[str, Any],
+              step: Optional[int] = None, min_capacity: bool = True) -> AllocatorResult:
+    """One allocator's replay of a prepared trace at ``cap`` bytes with caching-model options
+    ``opts`` (what :func:`replay` does per allocator; ``gpumm tune`` calls it per setting, so
+    both give the same numbers); the smallest capacity to ``step`` bytes (None: 1 % of peak
+    live or 2 MiB, whichever is larger, in whole 2 MiB pages). The core releases the GIL:
+    threads run models in parallel. A :class:`~gpumm.errors.GpummError` of the core is
+    recorded in ``error``."""
+    arrays = (p.actions, p.ids, p.sizes, p.streams, p.addrs)
+    try:
+        raw = _core.replay(name, cap, *arrays, p.start, peak_event=max(p.peak_event, 0),
+                           options=opts)
+    except BaseException as e:  # noqa: B036 - re-raised unless the core failed
+        if not _core_failure(e):
+            raise
+        return AllocatorResult(
+            allocator=name, capacity=cap, peak_live=p.peak_live, peak_reserved=0,
+            final_reserved=0, ooms=[], fragmentation_at_peak=0.0, events_per_second=0.0,
+            op_ns_mean=0.0, timeline=[], error=f"replay failed: {e}")
+    for o in raw["ooms"]:  # the engine counts its own events; say which of the trace's
+        if 0 <= o["event"] < len(p.source_index):
+            o["trace_event"] = int(p.source_index[o["event"]])
+    r = AllocatorResult(
+        allocator=name,
+        capacity=cap,
+        peak_live=raw["peak_live"],
+        peak_reserved=raw["peak_reserved"],
+        final_reserved=raw["final_reserved"],
+        ooms=raw["ooms"],
+        fragmentation_at_peak=raw["fragmentation_at_peak"],
+        events_per_second=raw["events_per_second"],
+        op_ns_mean=raw["op_ns_mean"],
+        timeline=raw["timeline"],
+        free_at_peak=raw["free_at_peak"],
+        raw=raw,
+    )
+    if name.startswith("caching") and raw["addressed_allocs"]:
+        r.address_match = raw["address_matches"] / raw["addressed_allocs"]
+    if min_capacity:
+        # A run that never failed mostly fits on a device of its own peak reserve (the caching
+        # models always: they ask the device for memory only to grow, so they make the same
+        # choices there), so the search runs up to that first, a few steps, and up to ``cap``
+        # only where the model does not fit there (a buddy arena's layout, and gpumm's pool
+        # under pressure, depend on the capacity).
+        search = functools.partial(_core.replay_min_capacity, name, *arrays, p.start,
+                                   peak_live=p.peak_live, step=step, options=opts)
+        try:
+            got = None
+            if not r.ooms and not raw.get("preload_failed") and 0 < r.peak_reserved < cap:
+                got = search(hi=r.peak_reserved)
+            r.min_capacity = got if got is not None else search(hi=cap)
+        except BaseException as e:  # noqa: B036 - re-raised unless the core failed
+            if not _core_failure(e):
+                raise
+            r.error = f"smallest-capacity search failed: {e}"
+    return r
 
 
 def replay(
@@ -207,48 +257,13 @@ def replay(
     cap = parse_size(capacity) if capacity is not None else get_device(device).vidmem
     unit = parse_size(step) if step is not None else None
     p = prepare(trace)
-    arrays = (p.actions, p.ids, p.sizes, p.streams, p.addrs)
-    opts = _caching_options(trace, caching_options)
+    opts = recorded_options(trace, caching_options)
     t0 = time.perf_counter()
     results: Dict[str, AllocatorResult] = {}
     for name in names:
         if progress:
             progress(name)
-        try:
-            raw = _core.replay(name, cap, *arrays, p.start, peak_event=max(p.peak_event, 0),
-                               options=opts)
-        except GpummError as e:
-            results[name] = AllocatorResult(
-                allocator=name, capacity=cap, peak_live=p.peak_live, peak_reserved=0,
-                final_reserved=0, ooms=[], fragmentation_at_peak=0.0, events_per_second=0.0,
-                op_ns_mean=0.0, timeline=[], error=f"replay failed: {e}")
-            continue
-        for o in raw["ooms"]:  # the engine counts its own events; say which of the trace's
-            if 0 <= o["event"] < len(p.source_index):
-                o["trace_event"] = p.source_index[o["event"]]
-        r = AllocatorResult(
-            allocator=name,
-            capacity=cap,
-            peak_live=raw["peak_live"],
-            peak_reserved=raw["peak_reserved"],
-            final_reserved=raw["final_reserved"],
-            ooms=raw["ooms"],
-            fragmentation_at_peak=raw["fragmentation_at_peak"],
-            events_per_second=raw["events_per_second"],
-            op_ns_mean=raw["op_ns_mean"],
-            timeline=raw["timeline"],
-            free_at_peak=raw["free_at_peak"],
-            raw=raw,
-        )
-        if name.startswith("caching") and raw["addressed_allocs"]:
-            r.address_match = raw["address_matches"] / raw["addressed_allocs"]
-        if min_capacity:
-            try:
-                r.min_capacity = _smallest_capacity(name, arrays, p, cap, r.peak_reserved,
-                                                    unit, opts)
-            except GpummError as e:
-                r.error = f"smallest-capacity search failed: {e}"
-        results[name] = r
+        results[name] = run_model(name, p, cap, opts, unit, min_capacity)
     return Report(
         source=trace.source,
         format=trace.format,
@@ -271,8 +286,6 @@ def read_devices(path: Union[str, "os.PathLike[str]"], gpu: Optional[int] = None
     out-of-memory failure first, then by index; one for an RMM log or a profiler trace), or
     only device ``gpu``. A device the file does not hold is an
     :class:`~gpumm.errors.InvalidArgumentError` that lists the ones it holds."""
-    from gpumm.traces import read_traces
-
     if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool)):
         raise InvalidArgumentError(f"gpu must be a device index (an int), not {gpu!r}")
     traces = read_traces(path)

@@ -1,6 +1,8 @@
-"""Reports of a replay: a table for the terminal and a self-contained HTML page (inline SVG,
-no scripts, no network) with the memory timeline of every allocator and its chunk map at the
-peak of live memory."""
+"""Reports of a replay: a table for the terminal and a self-contained HTML page (inline SVG
+and one inline script, nothing loaded from the network) with the memory timeline of every
+allocator and its chunk map at the peak of live memory; given the traces, also the live
+allocations and their largest holders by user frame at the peak and at each recorded OOM,
+the doctor's findings and ``gpumm tune``'s best settings (:mod:`gpumm.report_parts`)."""
 
 from __future__ import annotations
 
@@ -210,9 +212,36 @@ def _map_svg(layout: Sequence[Tuple[int, int, bool]], w: int = 960, h: int = 26)
     return "".join(parts)
 
 
-def _device_section(report: Report, heading: bool) -> str:
+def _trace_parts(report: Report, trace: Any, diagnosis: Any, tuned: Any, lv: int) -> Dict[str, str]:
+    """The parts of a device's section that read its trace (see :mod:`gpumm.report_parts`)."""
+    from gpumm.oom import live_at
+    from gpumm.report_parts import (blocks_svg, findings_block, holders_table, peak_index,
+                                    timeline_block, tune_block)
+
+    if trace is None:
+        return {"timeline": _timeline_svg(report), "before": "", "after": ""}
+    peak = peak_index(trace)
+    held = [holders_table(live_at(trace, peak), f"At the peak of live memory "
+                          f"({format_size(report.peak_live)})")]
+    for o in report.recorded_ooms[:3]:
+        held.append(holders_table(live_at(trace, o["index"]), f"At the out-of-memory failure "
+                                  f"(event {o['index']}, {format_size(o['size'])} requested)"))
+    doctor = findings_block(diagnosis)
+    tuned_html = tune_block(tuned)
+    before = (f"<h{lv}>The doctor's findings</h{lv}>{doctor}" if doctor else "") + (
+        f"<h{lv}>PyTorch's settings by replay (gpumm tune)</h{lv}>{tuned_html}"
+        if tuned_html else "")
+    after = (f"<h{lv}>Live allocations at the peak</h{lv}><p>In address order, colored by "
+             f"the first frame in the user's code; hover a block for its size and stack.</p>"
+             f"{blocks_svg(trace, peak)}<h{lv}>Who holds the memory</h{lv}>{''.join(held)}")
+    return {"timeline": timeline_block(report, trace, COLORS), "before": before, "after": after}
+
+
+def _device_section(report: Report, heading: bool, trace: Any = None, diagnosis: Any = None,
+                    tuned: Any = None) -> str:
     """One device's part of the page: its summary, recorded failures, the tables, the
-    timeline, the chunk maps and the replays' out-of-memory failures."""
+    timeline, the chunk maps and the replays' out-of-memory failures (and with its trace
+    the parts of :func:`_trace_parts`)."""
     esc = html.escape
     lv = 3 if heading else 2  # the level of the section's own headings
     rec = report.recorded_peak_reserved
@@ -264,6 +293,7 @@ def _device_section(report: Report, heading: bool) -> str:
                 f"{esc(format_size(rec))} at its peak ({rec / report.peak_live:.4f} × peak "
                 f"live).</p>") if rec and report.peak_live else ""
     title = f"<h2>device {report.device}</h2>" if heading else ""
+    extra = _trace_parts(report, trace, diagnosis, tuned, lv)
     return f"""<section id="device-{report.device}">{title}
 <p>{esc(report.format)} trace: {report.events} events, {report.allocations} allocations, peak
 live {esc(format_size(report.peak_live))}; device capacity {esc(format_size(report.capacity))}.</p>
@@ -273,11 +303,13 @@ live {esc(format_size(report.peak_live))}; device capacity {esc(format_size(repo
 <p class="small">Free at peak: memory the allocator holds but has not handed out, at the
 peak of live memory; fragmentation: the share of it outside its largest free range.</p>
 {errors}{against_table}
+{extra["before"]}
 <h{lv}>Memory over the trace</h{lv}>
 <p class="legend"><span>- - - live</span>{"".join(
         f'<span><span class="sw" style="background:{COLORS.get(n, "#888")}"></span>{esc(n)} reserved</span>'
         for n in report.results)}</p>
-{_timeline_svg(report)}
+{extra["timeline"]}
+{extra["after"]}
 <h{lv}>Chunk maps at the peak of live memory</h{lv}>
 <p>Each allocator's memory in address order: <span class="sw" style="background:#2c5d8f">
 </span>used, <span class="sw" style="background:#f2b36f"></span>free; a gap separates ranges
@@ -289,16 +321,31 @@ that are not adjacent.</p>
 """
 
 
-def html_report(reports: Union[Report, Sequence[Report]]) -> str:
+def html_report(reports: Union[Report, Sequence[Report]], traces: Optional[Sequence[Any]] = None,
+                diagnoses: Optional[Sequence[Any]] = None,
+                tuned: Optional[Sequence[Any]] = None) -> str:
     """One self-contained page for a trace: per device (a section each, ``id="device-N"``,
     in the order given; a snapshot's sections have a "device N" heading) its summary table,
-    memory timeline, chunk maps and OOMs."""
+    memory timeline, chunk maps and OOMs. With ``traces`` (one per report, same order) the
+    timeline is against time and zooms, and the page shows the live allocations at the peak
+    and who holds memory there and at each recorded OOM; ``diagnoses``
+    (:class:`~gpumm.diagnosis.Diagnosis`) and ``tuned`` (:class:`~gpumm.tune.TuneResult`),
+    one per report, add the doctor's findings and the best settings."""
     esc = html.escape
     reps = [reports] if isinstance(reports, Report) else list(reports)
+    n = len(reps)
+    trs = list(traces) if traces is not None else [None] * n
+    dgs = list(diagnoses) if diagnoses is not None else [None] * n
+    tns = list(tuned) if tuned is not None else [None] * n
+    if not (len(trs) == len(dgs) == len(tns) == n):
+        raise InvalidArgumentError("traces, diagnoses and tuned need one entry per report")
     if not reps:
         raise InvalidArgumentError("no report to write")
     first = reps[0]
     heading = first.format == "snapshot"
+    from gpumm.report_parts import SCRIPT
+
+    script = f"<script>{SCRIPT}</script>" if any(t is not None for t in trs) else ""
     contents = "" if len(reps) < 2 else (
         f"<p>{len(reps)} devices, the one with a recorded out-of-memory failure first: "
         + ", ".join(f'<a href="#device-{r.device}">device {r.device}</a>' for r in reps)
@@ -314,10 +361,15 @@ td {{ white-space: nowrap; }}
 .sw {{ display: inline-block; width: 12px; height: 12px; margin-right: 6px; }}
 .note {{ color: #a33; }} .legend span {{ margin-right: 1.5em; }} .small {{ font-size: 90%; }}
 section {{ margin-bottom: 2.5em; }} h1 {{ overflow-wrap: anywhere; }}
+caption {{ text-align: left; font-weight: bold; padding: 6px 0; }}
+td.stack {{ white-space: normal; text-align: left; font-size: 85%; color: #555; }}
+.findings li {{ margin: 3px 0; }} .findings li.remedy {{ color: #155724; }}
+svg.tl {{ cursor: grab; }} svg.blocks rect:hover {{ stroke: #000; stroke-width: 1; }}
 </style></head><body>
 <h1>Replay of {esc(first.source)}</h1>
 {contents}
-{"".join(_device_section(r, heading) for r in reps)}
+{"".join(_device_section(r, heading, t, d, u) for r, t, d, u in zip(reps, trs, dgs, tns))}
 <p><small>gpumm replay; allocator models and their rules: docs/replay.md.</small></p>
+{script}
 </body></html>
 """

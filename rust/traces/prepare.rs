@@ -24,8 +24,9 @@ pub struct Prepared {
 }
 
 /// Sums saturate (a hostile log's sizes cannot overflow them). Frees of pointers that are
-/// not live are dropped; an allocation at a live pointer ends
-/// the old one. `keep_addr`: pass allocation addresses on (snapshots: the caching model
+/// not live are dropped; an allocation at a live pointer ends the old one (the log missed its
+/// free): a free of the old id goes to the engine first, so that the models hold what the
+/// trace holds. `keep_addr`: pass allocation addresses on (snapshots: the caching model
 /// compares its own with them).
 pub fn prepare(log: &Log, start: Option<&Start>, keep_addr: bool) -> Prepared {
     let mut p = Prepared {
@@ -59,8 +60,14 @@ pub fn prepare(log: &Log, start: Option<&Start>, keep_addr: bool) -> Prepared {
         let (ptr, size) = (log.ptr[i], log.size[i]);
         let (code, ident) = match log.action[i] {
             log::ALLOC => {
-                if let Some((_, old)) = live.remove(&ptr) {
+                if let Some((old_id, old)) = live.remove(&ptr) {
                     cur = cur.saturating_sub(old);
+                    p.actions.push(1);
+                    p.ids.push(old_id as u64);
+                    p.sizes.push(old);
+                    p.streams.push(log.stream[i]);
+                    p.addrs.push(0);
+                    p.source.push(i as u64);
                 }
                 live.insert(ptr, (next_id, size));
                 let id = next_id;

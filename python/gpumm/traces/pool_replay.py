@@ -20,6 +20,7 @@ from gpumm import _core
 from gpumm.errors import OutOfMemoryError
 from gpumm.pool import Device, MemoryPool
 from gpumm.traces.base import Trace
+from gpumm.traces.prepare import prepare
 from gpumm.units import MiB, SizeLike, parse_size
 
 __all__ = ["PoolReplay", "replay_pool", "min_capacity"]
@@ -79,8 +80,6 @@ def min_capacity(trace: Trace, step: SizeLike = 2 * MiB, **pool_options: Any) ->
     peak = trace.peak_live()
     lo = max(1, -(-peak // unit))
     if not pool_options:
-        from gpumm.replay import prepare  # (the engine's arrays; replay sits above traces)
-
         e = prepare(trace)
         hi = 2 * lo
         while True:

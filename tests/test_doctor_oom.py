@@ -1,0 +1,87 @@
+"""The doctor reads the recorded out-of-memory failure: it names its device and size, gives the
+state at that moment from the caching model's replay, replays each candidate fix, and never
+recommends a setting the snapshot already had (the 3-GPU snapshot ran with
+expandable_segments:True)."""
+
+import pytest
+
+from gpumm.doctor import diagnose_file, diagnose_trace
+from gpumm.oom import live_at, recorded_reserved_at, state_at_oom, try_fix
+from gpumm.replay import recorded_options
+from gpumm.traces import read_traces
+from gpumm.units import format_size
+
+from shared_traces import TRACES, needs_shared
+
+QWEN3 = TRACES / "wild" / "code_location_qwen3_train.pickle"
+
+
+@pytest.fixture(scope="module")
+def dev1():
+    return next(t for t in read_traces(QWEN3) if t.device == 1)
+
+
+@needs_shared
+def test_doctor_names_the_oom_with_device_and_size(dev1):
+    oom = dev1.recorded_ooms()[0]
+    d = diagnose_trace(dev1, capacity="80GB")
+    text = "\n".join(d.lines())
+    assert "device 1" in text and format_size(oom["size"]) in text
+    assert any(line.startswith("at the failure (device 1, stream 0") for line in d.lines())
+
+
+@needs_shared
+def test_state_at_the_failure(dev1):
+    oom = dev1.recorded_ooms()[0]
+    st = state_at_oom(dev1, oom)
+    # live memory counted from the events themselves
+    assert st.live == sum(s for s, _ in live_at(dev1, oom["index"]))
+    assert st.live > 0 and st.size == oom["size"]
+    assert st.recorded_reserved == recorded_reserved_at(dev1, oom["index"]) > 0
+    assert 0 <= st.largest_free <= st.cached_free <= st.reserved
+    # the largest holder is a line of the job's own code, not the unwinder
+    key = st.holders[0][0]
+    assert key.startswith("train/") and "unwind" not in key
+
+
+@needs_shared
+def test_fixes_are_replayed(dev1):
+    """A fix is judged by replaying: a device that holds everything serves the request, one no
+    larger than live memory does not."""
+    oom = dev1.recorded_ooms()[0]
+    st = state_at_oom(dev1, oom)
+    opts = recorded_options(dev1, None)
+    assert try_fix(dev1, oom, "caching", opts, 1 << 40) is True
+    assert try_fix(dev1, oom, "caching", opts, st.live) is False
+    assert try_fix(dev1, oom, "gpumm", {}, st.live) is False
+
+
+@needs_shared
+def test_too_much_live_memory_is_said(dev1):
+    d = diagnose_trace(dev1, capacity="80GB")
+    st = state_at_oom(dev1, dev1.recorded_ooms()[0])
+    if st.live + st.size > 80 * 10**9:
+        assert any(line.startswith("no allocator setting serves it") for line in d.lines())
+
+
+@needs_shared
+def test_never_recommends_a_recorded_setting():
+    for d in diagnose_file(str(QWEN3), capacity="80GB"):
+        for f in d.findings:
+            if f.kind == "remedy":
+                assert "with expandable_segments" not in f.text, f.text
+                assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would" not in f.text
+
+
+@needs_shared
+def test_every_corpus_oom_is_named():
+    """Every snapshot of the corpus with a recorded failure: the doctor names it."""
+    files = sorted(TRACES.glob("*.pickle")) + sorted((TRACES / "wild").glob("*.pickle"))
+    seen = 0
+    for path in files:
+        for t in read_traces(path):
+            for oom in t.recorded_ooms()[:1]:
+                seen += 1
+                text = "\n".join(diagnose_trace(t).lines())
+                assert f"device {t.device}" in text and format_size(oom["size"]) in text
+    assert seen >= 1
