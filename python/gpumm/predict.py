@@ -163,7 +163,7 @@ def _with_workspace(trace: Trace, ops: Sequence[str], size: int) -> "tuple[Trace
     ptr = max((e.ptr for e in trace.events), default=0) + (1 << 30)
     ws = Event("alloc", ptr, size, 0, trace.events[first].time_us, 0, -1)
     events = trace.events[:first] + [ws] + trace.events[first:]
-    return dataclasses.replace(trace, events=events), first
+    return trace.replace(events), first
 
 
 def _stack(trace: Trace, index: int) -> List[str]:
@@ -290,7 +290,7 @@ def _scaled(t1: Trace, t2: Trace, s1: int, s2: int, s: int) -> Trace:
     f = (s - s1) / (s2 - s1)
     events = [dataclasses.replace(a, size=max(1, round(a.size + (b.size - a.size) * f)))
               if a.size != b.size else a for a, b in zip(t1.events, t2.events)]
-    return dataclasses.replace(t1, events=events)
+    return t1.replace(events)
 
 
 def _same_events(t1: Trace, t2: Trace) -> bool:

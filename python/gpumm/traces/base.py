@@ -179,6 +179,12 @@ class Trace:
     def final_segments(self, value: List[Dict[str, Any]]) -> None:
         self._final = value
 
+    def replace(self, events: Sequence[Event]) -> "Trace":
+        """A copy of this trace with other events (the start state, stacks, settings, final
+        segments and device kept)."""
+        return Trace(events, self.source, self.format, self.start, self.frames, self.settings,
+                     self._final, self.has_history, self.device, annotations=self.annotations)
+
     def __repr__(self) -> str:
         return (f"Trace(source={self.source!r}, format={self.format!r}, device={self.device}, "
                 f"events={len(self.events)})")
