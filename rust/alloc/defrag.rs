@@ -56,11 +56,11 @@ impl Pool {
         let movable_heap_pages = copy.movable_heap_pages();
         let mut report = copy.defrag_inner(Copying::Planned);
         copy.reclaim_all();
-        let free_after = copy.free_pages.free_units() as u64;
+        let free_after = copy.free_pages.free_units();
         report.bytes_released = free_after << self.page_shift;
         Ok(DefragPlan {
             report,
-            pages_freed: free_after.saturating_sub(self.free_pages.free_units() as u64),
+            pages_freed: free_after.saturating_sub(self.free_pages.free_units()),
             movable_heap_pages,
         })
     }
