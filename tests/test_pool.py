@@ -147,6 +147,22 @@ def test_defrag_moves_movable_allocations(pool):
         a.free()
 
 
+def test_defrag_plan_changes_nothing_and_is_what_defrag_does(pool):
+    allocs = [pool.alloc(64 * KiB, movable=True) for _ in range(128)]
+    for i, a in enumerate(allocs):
+        if i % 8:
+            a.free()
+    keep = allocs[::8]
+    snap, ptrs = pool.snapshot(), [a.ptr for a in keep]
+    plan = pool.defrag_plan()
+    assert pool.snapshot() == snap and [a.ptr for a in keep] == ptrs
+    assert (plan["movable_heap_pages"], plan["pages_freed"]) == (4, 3)
+    r = pool.defrag()
+    assert {k: plan[k] for k in r} == r
+    for a in keep:
+        a.free()
+
+
 def test_defrag_leaves_immovable_allocations(pool):
     allocs = [pool.alloc(64 * KiB) for _ in range(64)]
     for a in allocs[1:]:

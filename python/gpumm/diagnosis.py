@@ -37,6 +37,8 @@ class PoolLike(Protocol):
 
     def leaks(self) -> Sequence[Any]: ...
 
+    def defrag_plan(self) -> Dict[str, Any]: ...
+
 
 @dataclass
 class Finding:
@@ -101,19 +103,19 @@ def diagnose_pool(pool: PoolLike, size: Optional[int] = None) -> Diagnosis:
                 verdict = "enough" if cached >= short else "not enough"
                 add(Finding("remedy", f"other pools on this device cache {fs(cached)} of free pages: "
                             f"trim() them ({verdict}: {fs(short)} is missing)", cached))
-            # defragmentation: heap pages whose allocations may all move
-            movable = {a["ptr"] for a in snap["allocations"] if a["movable"]}
+            # defragmentation, as the pool works it out without moving anything
+            plan = pool.defrag_plan()
             heap = [p for p in snap["pages"] if p["kind"] == "heap"]
-            used_movable = [sum(sz for _, sz, o in p["blocks"] if o is not None) for p in heap
-                            if all(o is None or o in movable for _, _, o in p["blocks"])]
-            gain = max(0, len(used_movable) - -(-sum(used_movable) // ps)) * ps if used_movable else 0
+            gain = plan["pages_freed"] * ps
             if gain:
                 verdict = "enough" if gain >= short else "not enough"
-                add(Finding("remedy", f"defrag() would empty about {fs(gain)} of heap pages holding "
-                            f"only movable allocations ({verdict})", gain))
-            elif used_movable:
-                add(Finding("fact", f"defrag() cannot empty a heap page: the {len(used_movable)} "
-                            f"holding only movable allocations have no room for each other's"))
+                add(Finding("remedy", f"defrag() would free {fs(gain)} of pages, moving "
+                            f"{plan['moved_allocations']} allocation(s) ({fs(plan['moved_bytes'])}; "
+                            f"{verdict})", gain))
+            elif plan["movable_heap_pages"]:
+                add(Finding("fact", f"defrag() cannot empty a heap page: the "
+                            f"{plan['movable_heap_pages']} holding only movable allocations have "
+                            f"no room for each other's"))
             elif heap:
                 add(Finding("fact", f"defrag() cannot help: no heap page holds only movable "
                             f"allocations (alloc(..., movable=True) lets it move them)"))

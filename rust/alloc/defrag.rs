@@ -2,6 +2,27 @@
 
 use super::*;
 
+/// Whether `defrag`'s walks copy the bytes of what they move (`defrag`), or only work out where
+/// it would go (`defrag_plan`, on a copy of the pool's bookkeeping).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Copying {
+    Bytes,
+    Planned,
+}
+
+/// What `defrag` would do now (`Pool::defrag_plan`); nothing is changed to learn it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DefragPlan {
+    /// `defrag`'s report as it would be: the moves (allocation, old pointer, new pointer),
+    /// the bytes copied, the heap pages emptied and the free pages given back.
+    pub report: DefragReport,
+    /// Whole pages free after `defrag` that are not free now.
+    pub pages_freed: u64,
+    /// Heap pages that hold allocations, all of which may move now (the pages `defrag` tries
+    /// to empty).
+    pub movable_heap_pages: u64,
+}
+
 impl Pool {
     /// Whether any live allocation may be moved.
     pub(super) fn has_movable(&self) -> bool {
@@ -17,21 +38,55 @@ impl Pool {
     pub fn defrag(&mut self) -> Result<DefragReport> {
         self.open()?;
         self.flush_cache();
-        let mut report = self.defrag_inner();
+        let mut report = self.defrag_inner(Copying::Bytes);
         self.reclaim_all();
         report.bytes_released = self.release_pages(0);
         self.check();
         Ok(report)
     }
 
+    /// What `defrag` would do now: its walks run on a copy of the pool's bookkeeping, with
+    /// no byte copied (`Copying::Planned`), and the copy is dropped; the pool is unchanged.
+    pub fn defrag_plan(&self) -> Result<DefragPlan> {
+        self.open()?;
+        let mut copy = self.clone();
+        // closed: dropping the copy gives nothing back (the pages and window are the pool's)
+        copy.closed = true;
+        copy.flush_cache();
+        let movable_heap_pages = copy.movable_heap_pages();
+        let mut report = copy.defrag_inner(Copying::Planned);
+        copy.reclaim_all();
+        let free_after = copy.free_pages.free_units();
+        report.bytes_released = free_after << self.page_shift;
+        Ok(DefragPlan {
+            report,
+            pages_freed: free_after.saturating_sub(self.free_pages.free_units()),
+            movable_heap_pages,
+        })
+    }
+
+    /// Heap pages whose every allocation may move now (with nothing in the size cache).
+    fn movable_heap_pages(&self) -> u64 {
+        (0..self.pages.len() as u32)
+            .filter(|&p| self.pages[p as usize] == PageKind::Heap)
+            .filter(|&p| {
+                let mut used = self
+                    .page_blocks(p)
+                    .filter(|&b| !self.blocks[b as usize].free);
+                let first = used.next();
+                first.is_some_and(|b| self.slidable(b)) && used.all(|b| self.slidable(b))
+            })
+            .count() as u64
+    }
+
     /// `defrag`'s moves: large segments and heap pages compacted (`compact_pages`), which
     /// gathers their holes, then heap pages emptied into any free block (`evacuate_heap_pages`). (In that
     /// order the fill to failure with every allocation movable was 99.929 against 99.912 %,
     /// 40 seeds.)
-    pub(super) fn defrag_inner(&mut self) -> DefragReport {
+    pub(super) fn defrag_inner(&mut self, copying: Copying) -> DefragReport {
         let mut report = DefragReport::default();
-        self.compact_pages(&mut report);
-        self.evacuate_heap_pages(&mut report);
+        self.compact_pages(&mut report, copying);
+        self.evacuate_heap_pages(&mut report, copying);
         report.merge_moves();
         report
     }
@@ -53,10 +108,10 @@ impl Pool {
     /// used pages are what a stitched request cannot use (free space is only usable at a
     /// page's start or end): this gathers them into whole pages or into holes large enough
     /// for the allocations of emptied heap pages (`evacuate_heap_pages`).
-    pub(super) fn compact_pages(&mut self, report: &mut DefragReport) {
+    pub(super) fn compact_pages(&mut self, report: &mut DefragReport, copying: Copying) {
         for _ in 0..COMPACT_PASSES {
             let moved = report.moved_allocs;
-            if !self.compact_pass(report) || report.moved_allocs == moved {
+            if !self.compact_pass(report, copying) || report.moved_allocs == moved {
                 return;
             }
         }
@@ -64,7 +119,7 @@ impl Pool {
 
     /// One walk of `compact_pages` over every large segment and heap page; false when the
     /// backend could not copy (the rest is left as it is).
-    pub(super) fn compact_pass(&mut self, report: &mut DefragReport) -> bool {
+    pub(super) fn compact_pass(&mut self, report: &mut DefragReport, copying: Copying) -> bool {
         for p in 0..self.pages.len() as u32 {
             if !matches!(self.pages[p as usize], PageKind::Large | PageKind::Heap) {
                 continue;
@@ -77,13 +132,13 @@ impl Pool {
                         && self.blocks[b as usize].len as u64 * SLIDE_MIN_DIV
                             >= self.blocks[next as usize].len as u64
                     {
-                        if !self.slide_down(b, next, report) {
+                        if !self.slide_down(b, next, report, copying) {
                             return false;
                         }
                         continue; // `b` is now after `next`, merged with what followed
                     }
                     if let Some((i, d)) = self.stitch_slide(b, next) {
-                        if !self.slide_stitched(b, i, d, report) {
+                        if !self.slide_stitched(b, i, d, report, copying) {
                             return false;
                         }
                         // `next` is the head, which ends the segment
@@ -136,6 +191,7 @@ impl Pool {
         i: u32,
         d: u32,
         report: &mut DefragReport,
+        copying: Copying,
     ) -> bool {
         let (h, t) = (
             self.stitches[i as usize].head,
@@ -144,7 +200,7 @@ impl Pool {
         let a = self.blocks[h as usize].owner();
         let old = self.allocs[a as usize].ptr;
         let new = old - d as u64 * GRANULE;
-        if !self.move_bytes(new, old, self.allocs[a as usize].units() * GRANULE) {
+        if !self.move_bytes(new, old, self.allocs[a as usize].units() * GRANULE, copying) {
             return false;
         }
         // the head grows down into `f`
@@ -210,13 +266,19 @@ impl Pool {
     /// the allocation's bytes move to `f`'s start (an overlapping move: the backends' `copy`
     /// allows it), `f` follows it and takes in a free block after it. False, nothing changed,
     /// when the backend could not copy.
-    pub(super) fn slide_down(&mut self, f: u32, u: u32, report: &mut DefragReport) -> bool {
+    pub(super) fn slide_down(
+        &mut self,
+        f: u32,
+        u: u32,
+        report: &mut DefragReport,
+        copying: Copying,
+    ) -> bool {
         let (fb, ub) = (self.blocks[f as usize], self.blocks[u as usize]);
         let a = ub.owner();
         let old = self.allocs[a as usize].ptr;
         let new = self.direct_addr(fb.page, fb.off);
         let bytes = ub.len as u64 * GRANULE;
-        if !self.move_bytes(new, old, bytes) {
+        if !self.move_bytes(new, old, bytes, copying) {
             return false;
         }
         self.remove_free(f);
@@ -244,8 +306,12 @@ impl Pool {
 
     /// Moves an allocation's `bytes` from `old` to `new` (the ranges may overlap); in a pool
     /// that scrubs, the part of the old range that the new one does not cover is zeroed, as
-    /// memory a free gives back is. False when the backend could not copy.
-    pub(super) fn move_bytes(&self, new: u64, old: u64, bytes: u64) -> bool {
+    /// memory a free gives back is. False when the backend could not copy. A plan
+    /// (`Copying::Planned`) touches no byte.
+    pub(super) fn move_bytes(&self, new: u64, old: u64, bytes: u64, copying: Copying) -> bool {
+        if copying == Copying::Planned {
+            return true;
+        }
         if self.dev.backend.copy(new, old, bytes).is_err() {
             return false;
         }
@@ -271,7 +337,7 @@ impl Pool {
     /// allocation is not emptied afterwards (nothing moves twice). With every allocation
     /// movable, the fill to failure at 2 MiB pages, 40 seeds, is 99.929 %, and 99.778 % with
     /// other heap pages as the only destinations.
-    pub(super) fn evacuate_heap_pages(&mut self, report: &mut DefragReport) {
+    pub(super) fn evacuate_heap_pages(&mut self, report: &mut DefragReport, copying: Copying) {
         let mut order: Vec<(u32, u32)> = (0..self.pages.len() as u32)
             .filter(|&p| self.pages[p as usize] == PageKind::Heap)
             .map(|p| (self.page_used(p), p))
@@ -333,7 +399,7 @@ impl Pool {
                 }
                 let old = self.allocs[a as usize].ptr;
                 let new = self.direct_addr(blk.page, blk.off);
-                if !self.move_bytes(new, old, len as u64 * GRANULE) {
+                if !self.move_bytes(new, old, len as u64 * GRANULE, copying) {
                     // the data could not move: it stays, and so does everything after it
                     self.release_block(nb);
                     copied = false;

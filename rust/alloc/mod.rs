@@ -96,11 +96,14 @@ use config::*;
 use types::*;
 
 pub use config::{Device, PoolConfig, DEFAULT_SMALL_THRESHOLD, GRANULE};
+use defrag::Copying;
+pub use defrag::DefragPlan;
 pub use stats::{Histogram, PageSnapshot, PoolStats};
 pub use types::{AllocId, AllocInfo, DefragReport, Request, ScopeReport};
 
 /// One pool: the core behind `gpumm.MemoryPool`. Not thread safe by itself; the bindings
 /// hold it behind a lock.
+#[derive(Clone)]
 pub struct Pool {
     cfg: PoolConfig,
     dev: Arc<Device>,

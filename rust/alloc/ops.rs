@@ -106,7 +106,7 @@ impl Pool {
                     // (the first attempt's page changes are undone first: compaction moves
                     // the blocks they name)
                     self.undo_to(mark);
-                    self.defrag_inner();
+                    self.defrag_inner(Copying::Bytes);
                 }
                 match self.place(units, a, true) {
                     Some(l) => l,

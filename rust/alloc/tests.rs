@@ -1109,6 +1109,55 @@ fn host_stitching_is_real_memory() {
     assert!(page.iter().all(|&b| b == 0));
 }
 
+/// `defrag_plan` changes nothing, and says what `defrag` then does.
+fn plan_then_defrag(p: &mut Pool) -> DefragPlan {
+    let (snap, s) = (p.page_snapshot(), p.stats());
+    let plan = p.defrag_plan().unwrap();
+    let after = p.stats();
+    assert_eq!(p.page_snapshot(), snap);
+    assert_eq!(
+        (
+            after.reserved_bytes,
+            after.used_bytes,
+            after.pages_free,
+            after.live_allocs
+        ),
+        (s.reserved_bytes, s.used_bytes, s.pages_free, s.live_allocs)
+    );
+    p.validate().unwrap();
+    let r = p.defrag().unwrap();
+    assert_eq!(plan.report, r);
+    assert_eq!(
+        plan.pages_freed,
+        (r.bytes_released >> p.cfg.page_size.trailing_zeros()) - s.pages_free
+    );
+    plan
+}
+
+#[test]
+fn defrag_plan_is_what_defrag_does() {
+    let mut p = pool(64 * MIB);
+    let ids: Vec<_> = (0..128)
+        .map(|_| p.alloc(movable(64 * KIB)).unwrap())
+        .collect();
+    for (i, (id, _)) in ids.iter().enumerate() {
+        if i % 8 != 0 {
+            p.free(*id).unwrap();
+        }
+    }
+    let plan = plan_then_defrag(&mut p);
+    assert_eq!((plan.movable_heap_pages, plan.report.pages_emptied), (4, 3));
+    let (mut p, _) = holes_between(true, &[3 * MIB / 2], 10);
+    let plan = plan_then_defrag(&mut p);
+    assert!(plan.report.moved_allocs > 0 && plan.pages_freed > 0);
+    // nothing may move: an empty plan
+    let (mut p, _) = holes_between(false, &[3 * MIB / 2, 64 * KIB], 12);
+    let plan = plan_then_defrag(&mut p);
+    assert_eq!((plan.report.moved_allocs, plan.movable_heap_pages), (0, 0));
+    p.close().unwrap();
+    assert!(p.defrag_plan().is_err());
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn host_defrag_moves_bytes() {

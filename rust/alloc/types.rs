@@ -357,7 +357,7 @@ impl Alloc {
     }
 }
 
-#[derive(Default, Debug)]
+#[derive(Clone, Default, Debug)]
 pub(super) struct StreamState {
     /// Pending frees, oldest first: (fence, slot, generation).
     pub(super) pending: VecDeque<(u64, u32, u32)>,

@@ -419,6 +419,17 @@ impl PyPool {
         reports::defrag(py, &r)
     }
 
+    /// What `defrag()` would do now, changing nothing: its report as it would be (the keys of
+    /// `defrag()`), `pages_freed` (whole pages free afterwards that are not free now) and
+    /// `movable_heap_pages` (heap pages whose every allocation may move).
+    fn defrag_plan<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let plan = gil::run(py, &*self.inner, Access::Detached, |p| p.defrag_plan()).py_err(py)?;
+        let d = reports::defrag(py, &plan.report)?;
+        d.set_item("pages_freed", plan.pages_freed)?;
+        d.set_item("movable_heap_pages", plan.movable_heap_pages)?;
+        Ok(d)
+    }
+
     /// Gives free pages back to the device until at most `keep` bytes of them stay.
     #[pyo3(signature = (keep = None))]
     fn trim(&self, py: Python<'_>, keep: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
