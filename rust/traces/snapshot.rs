@@ -72,6 +72,7 @@ fn truthy(v: &Value) -> bool {
         Value::Int(n) => *n != 0,
         Value::Float(f) => *f != 0.0,
         Value::List(l) | Value::Tuple(l) | Value::Set(l, _) => !l.is_empty(),
+        Value::EntryList(r) => !r.is_empty(),
         Value::Dict(d) => !d.is_empty(),
         _ => true,
     }
@@ -85,7 +86,7 @@ fn device_traces(l: &Loaded) -> Option<&Value> {
 
 fn is_oom(l: &Loaded, v: &Value) -> bool {
     match v {
-        Value::Entry(r) => l.entries.action[*r as usize] == A_OOM,
+        Value::Entry(r) => l.entries.action.get(*r as usize) == Some(&A_OOM),
         Value::Dict(d) => l.as_str(l.get(d, "action").unwrap_or(&Value::None)) == Some("oom"),
         _ => false,
     }
@@ -99,7 +100,7 @@ pub fn devices(l: &Loaded) -> Vec<u64> {
         _ => &[],
     };
     for (d, h) in traces.iter().enumerate() {
-        if matches!(h, Value::List(x) if !x.is_empty()) {
+        if matches!(h, Value::List(x) if !x.is_empty()) || matches!(h, Value::EntryList(_)) {
             found.insert(d as u64);
         }
     }
@@ -129,6 +130,7 @@ pub fn devices(l: &Loaded) -> Vec<u64> {
     }
     let had_oom = |d: u64| match traces.get(d as usize) {
         Some(Value::List(h)) => h.iter().any(|e| is_oom(l, e)),
+        Some(Value::EntryList(h)) => h.iter().any(|&r| is_oom(l, &Value::Entry(r))),
         _ => false,
     };
     let mut v: Vec<u64> = found.into_iter().collect();
@@ -146,7 +148,7 @@ pub fn repr(l: &Loaded, v: &Value) -> String {
         Value::Float(f) => format!("{f:?}"),
         Value::Str(s) => format!("{:?}", l.str(*s)).replace('"', "'"),
         Value::Bytes(_) => "b'...'".into(),
-        Value::List(_) | Value::Stack(_) => "[...]".into(),
+        Value::List(_) | Value::Stack(_) | Value::EntryList(_) => "[...]".into(),
         Value::Tuple(_) => "(...)".into(),
         Value::Dict(_) | Value::Frame(_) | Value::Entry(_) => "{...}".into(),
         Value::Set(..) => "{...}".into(),
@@ -266,9 +268,10 @@ pub fn read_device(l: &Loaded, name: &str, device: u64) -> Result<DeviceTrace, T
     if !traces.is_empty() && device as usize >= traces.len() {
         return fail(format!("{name}: no device_traces for device {device}"));
     }
-    let history: &[Value] = match traces.get(device as usize) {
-        None => &[],
-        Some(Value::List(h)) => h,
+    let history = match traces.get(device as usize) {
+        None => History::Values(&[]),
+        Some(Value::List(h)) => History::Values(h),
+        Some(Value::EntryList(h)) => History::Rows(h),
         Some(_) => return fail(format!("{name}: device_traces[{device}] must be a list")),
     };
 
@@ -333,65 +336,25 @@ pub fn read_device(l: &Loaded, name: &str, device: u64) -> Result<DeviceTrace, T
     }
 
     // the history
-    let mut log = Log::default();
     let mut frames = Stacks::default();
-    let mut t0: Option<i64> = None;
-    log.action.reserve(history.len());
-    for (i, e) in history.iter().enumerate() {
-        let row = match e {
-            Value::Entry(r) => {
-                let mut row = l.entries.row(*r as usize);
-                if row.action == A_OOM {
-                    row.device_free = l.entries.device_free_of(*r);
-                }
-                row
+    // the rows may move into this log only when no other device's history holds any
+    let shared = traces.iter().enumerate().any(|(j, h)| {
+        j != device as usize
+            && match h {
+                Value::EntryList(_) => true,
+                Value::List(x) => x.iter().any(|e| matches!(e, Value::Entry(_))),
+                _ => false,
             }
-            Value::Dict(d) => {
-                match general_entry(l, d, &|| format!("{name}: device_traces[{device}][{i}]"))? {
-                    Some(r) => r,
-                    None => continue,
-                }
-            }
-            _ => {
-                return fail(format!(
-                    "{name}: device_traces[{device}][{i}]: must be a dict with an 'action'"
-                ))
-            }
-        };
-        if row.action == A_FREE_REQUESTED || row.action == A_SNAPSHOT {
-            continue; // memory is freed at free_completed
-        }
-        let kind = match row.action {
-            entries::A_ALLOC => log::ALLOC,
-            entries::A_FREE_COMPLETED => log::FREE,
-            3 => log::SEGMENT_ALLOC,
-            4 => log::SEGMENT_FREE,
-            5 => log::SEGMENT_MAP,
-            6 => log::SEGMENT_UNMAP,
-            _ => log::OOM,
-        };
-        let t = *t0.get_or_insert(row.time_us);
-        let stack = if row.action == A_ALLOC {
-            frames.index(l, &row, e)
-        } else {
-            -1
-        };
-        if let Some(f) = row.device_free {
-            log.device_free.push((log.len() as u32, f));
-        }
-        log.push(
-            kind,
-            row.addr,
-            row.size,
-            row.stream,
-            row.time_us.wrapping_sub(t),
-        );
-        log.frames.push(stack);
-    }
-    if log.frames.iter().all(|&f| f < 0) {
-        log.frames = Vec::new();
-    }
-    log.shrink();
+    });
+    let moved = if shared {
+        None
+    } else {
+        moved_log(l, history, &mut frames)
+    };
+    let (log, t0) = match moved {
+        Some(x) => x,
+        None => history_log(l, name, device, history, &mut frames)?,
+    };
 
     // rewound to the start
     let mut start_live = live;
@@ -435,8 +398,169 @@ pub fn read_device(l: &Loaded, name: &str, device: u64) -> Result<DeviceTrace, T
         frames,
         final_segments,
         has_history,
-        t0: t0.unwrap_or(0),
+        t0,
     })
+}
+
+/// A device's history list: its values, or the rows of its trace entries.
+#[derive(Clone, Copy)]
+enum History<'a> {
+    Values(&'a [Value]),
+    Rows(&'a [u32]),
+}
+
+impl History<'_> {
+    fn len(&self) -> usize {
+        match self {
+            History::Values(h) => h.len(),
+            History::Rows(h) => h.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> std::borrow::Cow<'_, Value> {
+        match self {
+            History::Values(h) => std::borrow::Cow::Borrowed(&h[i]),
+            History::Rows(h) => std::borrow::Cow::Owned(Value::Entry(h[i])),
+        }
+    }
+}
+
+/// The log of a snapshot's action code.
+fn log_action(action: u8) -> u8 {
+    match action {
+        entries::A_ALLOC => log::ALLOC,
+        entries::A_FREE_COMPLETED => log::FREE,
+        3 => log::SEGMENT_ALLOC,
+        4 => log::SEGMENT_FREE,
+        5 => log::SEGMENT_MAP,
+        6 => log::SEGMENT_UNMAP,
+        _ => log::OOM,
+    }
+}
+
+/// The log of a history that is every row of the snapshot, in order (one device, each entry
+/// of the types PyTorch writes): the rows' columns become the log's, moved, not copied.
+/// None: another history, or the columns were taken already.
+fn moved_log(l: &Loaded, history: History<'_>, frames: &mut Stacks) -> Option<(Log, i64)> {
+    let History::Rows(h) = history else {
+        return None;
+    };
+    let n = l.entries.len();
+    let mut next = 0usize;
+    for &r in h {
+        if r == entries::SKIP_FREE_REQUESTED || r == entries::SKIP_SNAPSHOT {
+            continue;
+        }
+        if r as usize != next {
+            return None;
+        }
+        next += 1;
+    }
+    if next != n {
+        return None;
+    }
+    let c = l.entries.take_cols()?;
+    let action = &l.entries.action;
+    let t0 = c.time_us.first().copied();
+    let mut time_us = c.time_us;
+    if let Some(t) = t0 {
+        for x in time_us.iter_mut() {
+            *x = x.wrapping_sub(t);
+        }
+    }
+    let mut stack = c.stack;
+    for (s, &a) in stack.iter_mut().zip(action) {
+        *s = if a == A_ALLOC && *s >= 0 {
+            frames.interned(l, *s as u32)
+        } else {
+            -1
+        };
+    }
+    if stack.iter().all(|&f| f < 0) {
+        stack = Vec::new();
+    }
+    let device_free = l
+        .entries
+        .device_free
+        .iter()
+        .filter(|&&(r, _)| action[r as usize] == A_OOM)
+        .copied()
+        .collect();
+    let mut log = Log {
+        action: action.iter().map(|&a| log_action(a)).collect(),
+        ptr: c.addr,
+        size: c.size,
+        stream: c.stream,
+        time_us,
+        thread: Vec::new(),
+        frames: stack,
+        device_free,
+    };
+    log.shrink();
+    Some((log, t0.unwrap_or(0)))
+}
+
+/// The log of a history read entry by entry (the rows copied, other dicts read as the
+/// Python reader did).
+fn history_log(
+    l: &Loaded,
+    name: &str,
+    device: u64,
+    history: History<'_>,
+    frames: &mut Stacks,
+) -> Result<(Log, i64), TraceError> {
+    let mut log = Log::default();
+    let mut t0: Option<i64> = None;
+    log.action.reserve(history.len());
+    for i in 0..history.len() {
+        let e = history.get(i);
+        let e = e.as_ref();
+        let row = match e {
+            Value::Entry(r) => {
+                let mut row = l.entries.row(*r as usize);
+                if row.action == A_OOM {
+                    row.device_free = l.entries.device_free_of(*r);
+                }
+                row
+            }
+            Value::Dict(d) => {
+                match general_entry(l, d, &|| format!("{name}: device_traces[{device}][{i}]"))? {
+                    Some(r) => r,
+                    None => continue,
+                }
+            }
+            _ => {
+                return fail(format!(
+                    "{name}: device_traces[{device}][{i}]: must be a dict with an 'action'"
+                ))
+            }
+        };
+        if row.action == A_FREE_REQUESTED || row.action == A_SNAPSHOT {
+            continue; // memory is freed at free_completed
+        }
+        let t = *t0.get_or_insert(row.time_us);
+        let stack = if row.action == A_ALLOC {
+            frames.index(l, &row, e)
+        } else {
+            -1
+        };
+        if let Some(f) = row.device_free {
+            log.device_free.push((log.len() as u32, f));
+        }
+        log.push(
+            log_action(row.action),
+            row.addr,
+            row.size,
+            row.stream,
+            row.time_us.wrapping_sub(t),
+        );
+        log.frames.push(stack);
+    }
+    if log.frames.iter().all(|&f| f < 0) {
+        log.frames = Vec::new();
+    }
+    log.shrink();
+    Ok((log, t0.unwrap_or(0)))
 }
 
 /// The caching allocator's block for a request (512 B steps): the block of a free whose

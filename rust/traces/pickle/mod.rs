@@ -10,7 +10,9 @@
 //! so memo references share them as Python's unpickler does. With `compact` set, two shapes
 //! are stored smaller as they complete: a frame dict (`filename`, `line`, `name`) becomes an
 //! interned frame, a list of them an interned stack, and a trace entry dict (one with a string
-//! `action`) one row of [`Entries`]; everything else stays a plain value.
+//! `action`) one row of [`Entries`], a list of entries the rows' indices alone; everything
+//! else stays a plain value. The memo holds 4 bytes a slot: an entry's row, or an index
+//! into a table of the other values memoized.
 
 use std::io::BufRead;
 use std::io::Read;
@@ -44,6 +46,41 @@ pub enum Value {
     Stack(u32),
     /// A trace entry: a row of [`Loaded::entries`] (compact mode).
     Entry(u32),
+    /// A list of trace entries (not empty): their rows (compact mode).
+    EntryList(Rc<Vec<u32>>),
+}
+
+/// A list being built: its values, or, while every value is a trace entry, their rows.
+enum ListBuf {
+    Vals(Vec<Value>),
+    Rows(Vec<u32>),
+}
+
+impl ListBuf {
+    fn extend(&mut self, items: Vec<Value>) {
+        if let ListBuf::Vals(v) = self {
+            if v.is_empty() && items.first().is_some_and(|x| matches!(x, Value::Entry(_))) {
+                *self = ListBuf::Rows(Vec::new());
+            }
+        }
+        let mut it = items.into_iter();
+        if let ListBuf::Rows(r) = self {
+            for x in it.by_ref() {
+                match x {
+                    Value::Entry(i) => r.push(i),
+                    other => {
+                        let mut v: Vec<Value> = r.iter().map(|&i| Value::Entry(i)).collect();
+                        v.push(other);
+                        *self = ListBuf::Vals(v);
+                        break;
+                    }
+                }
+            }
+        }
+        if let ListBuf::Vals(v) = self {
+            v.extend(it);
+        }
+    }
 }
 
 /// A loaded pickle: the root value and the tables its values refer to.
@@ -81,19 +118,18 @@ impl Loaded {
 
 enum Item {
     Done(Value),
-    List(Vec<Value>, Option<u32>),
+    List(ListBuf, Option<u32>),
     Dict(Vec<(Value, Value)>, Option<u32>),
     Set(Vec<Value>, Option<u32>),
     Mark,
 }
 
-#[derive(Clone)]
-enum Memo {
-    Empty,
-    /// a container still being built (its final value is stored when it completes)
-    Pending,
-    Value(Value),
-}
+/// A memo slot never stored, and one of a container still being built (its final value is
+/// stored when it completes); below [`MEMO_ENTRY`], an index into `Vm::memo_vals`; from it,
+/// an entry's row (`MEMO_ENTRY | row`).
+const MEMO_EMPTY: u32 = u32::MAX;
+const MEMO_PENDING: u32 = u32::MAX - 1;
+const MEMO_ENTRY: u32 = 0x8000_0000;
 
 const REFUSED: &[(u8, &str)] = &[
     (b'c', "GLOBAL"),
@@ -120,7 +156,8 @@ struct Vm<R: BufRead> {
     pos: usize,
     ops: usize,
     stack: Vec<Item>,
-    memo: Vec<Memo>,
+    memo: Vec<u32>,
+    memo_vals: Vec<Value>,
     strings: Vec<Box<str>>,
     string_ids: FxHashMap<Box<str>, u32>,
     frames: Vec<(u32, i64, u32)>,
@@ -170,6 +207,7 @@ pub fn load_from(input: impl BufRead, len: usize, compact: bool) -> Result<Loade
         ops: 0,
         stack: Vec::new(),
         memo: Vec::new(),
+        memo_vals: Vec::new(),
         strings: Vec::new(),
         string_ids: FxHashMap::default(),
         frames: Vec::new(),
@@ -300,7 +338,8 @@ impl<R: BufRead> Vm<R> {
         let (v, slot) = match item {
             Item::Done(v) => return Ok(v),
             Item::Mark => return err("a MARK where a value was expected"),
-            Item::List(l, slot) => {
+            Item::List(ListBuf::Rows(r), slot) => (Value::EntryList(Rc::new(r)), slot),
+            Item::List(ListBuf::Vals(l), slot) => {
                 let d = self.depth(&l)?;
                 {
                     let v = self.compact_list(l);
@@ -321,9 +360,19 @@ impl<R: BufRead> Vm<R> {
             }
         };
         if let Some(i) = slot {
-            self.memo[i as usize] = Memo::Value(v.clone());
+            self.memo_store(i as usize, v.clone());
         }
         Ok(v)
+    }
+
+    fn memo_store(&mut self, i: usize, v: Value) {
+        self.memo[i] = match v {
+            Value::Entry(r) => MEMO_ENTRY | r,
+            v => {
+                self.memo_vals.push(v);
+                (self.memo_vals.len() - 1) as u32
+            }
+        };
     }
 
     /// The nesting depth of a container of `items`; refused beyond [`MAX_DEPTH`] (deeper
@@ -343,7 +392,7 @@ impl<R: BufRead> Vm<R> {
                     d = d.max(1);
                     continue;
                 }
-                Value::Stack(_) => {
+                Value::Stack(_) | Value::EntryList(_) => {
                     d = d.max(2);
                     continue;
                 }
@@ -473,18 +522,21 @@ impl<R: BufRead> Vm<R> {
     }
 
     fn memo_put(&mut self, i: u64) -> Result<(), TraceError> {
-        if i > self.ops as u64 {
+        if i > self.ops as u64 || i >= MEMO_PENDING as u64 {
             return err(format!("memo index {i} after only {} opcodes", self.ops));
         }
         let i = i as usize;
         if i >= self.memo.len() {
-            self.memo.resize(i + 1, Memo::Empty);
+            self.memo.resize(i + 1, MEMO_EMPTY);
         }
         match self.stack.last_mut() {
-            Some(Item::Done(v)) => self.memo[i] = Memo::Value(v.clone()),
+            Some(Item::Done(v)) => {
+                let v = v.clone();
+                self.memo_store(i, v);
+            }
             Some(Item::List(_, slot) | Item::Dict(_, slot) | Item::Set(_, slot)) => {
                 *slot = Some(i as u32);
-                self.memo[i] = Memo::Pending;
+                self.memo[i] = MEMO_PENDING;
             }
             _ => return err("a memo store with nothing to store"),
         }
@@ -492,13 +544,17 @@ impl<R: BufRead> Vm<R> {
     }
 
     fn memo_get(&mut self, i: u64) -> Result<(), TraceError> {
-        match self.memo.get(i as usize) {
-            Some(Memo::Value(v)) => {
-                let v = v.clone();
+        match self.memo.get(i as usize).copied() {
+            Some(c) if c < MEMO_ENTRY => {
+                let v = self.memo_vals[c as usize].clone();
                 self.push(v);
                 Ok(())
             }
-            Some(Memo::Pending) => {
+            Some(c) if c < MEMO_PENDING => {
+                self.push(Value::Entry(c & !MEMO_ENTRY));
+                Ok(())
+            }
+            Some(MEMO_PENDING) => {
                 // a container referenced again before its parent took it (Python's pickler
                 // writes `{"a": x, "b": x}` so): it is complete, so freeze it where it lies
                 let k = self.stack.iter().rposition(|it| match it {
@@ -524,6 +580,20 @@ impl<R: BufRead> Vm<R> {
                 l.extend(items);
                 Ok(())
             }
+            Some(Item::Done(Value::EntryList(r))) => match Rc::get_mut(r) {
+                Some(r) => {
+                    let mut l = ListBuf::Rows(std::mem::take(r));
+                    l.extend(items);
+                    let v = match l {
+                        ListBuf::Rows(r) => Value::EntryList(Rc::new(r)),
+                        ListBuf::Vals(v) => Value::List(Rc::new(v)),
+                    };
+                    self.stack.pop();
+                    self.stack.push(Item::Done(v));
+                    Ok(())
+                }
+                None => err(SHARED),
+            },
             Some(Item::Done(Value::List(l))) => match Rc::get_mut(l) {
                 Some(l) => {
                     l.extend(items);
@@ -554,7 +624,11 @@ impl<R: BufRead> Vm<R> {
                 while let (Some(k), Some(v)) = (it.next(), it.next()) {
                     if matches!(
                         k,
-                        Value::List(_) | Value::Dict(_) | Value::Set(_, false) | Value::Stack(_)
+                        Value::List(_)
+                            | Value::Dict(_)
+                            | Value::Set(_, false)
+                            | Value::Stack(_)
+                            | Value::EntryList(_)
                     ) {
                         return err("a dict key that is not hashable");
                     }

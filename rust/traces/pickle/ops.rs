@@ -3,7 +3,7 @@
 
 use std::io::BufRead;
 
-use super::{err, Item, Rc, Value, Vm, REFUSED};
+use super::{err, Item, ListBuf, Rc, Value, Vm, REFUSED};
 use crate::traces::TraceError;
 
 impl<R: BufRead> Vm<R> {
@@ -150,10 +150,12 @@ impl<R: BufRead> Vm<R> {
                     let b: Rc<[u8]> = self.take(n, "a bytes object")?.into();
                     self.push(Value::Bytes(b));
                 }
-                b']' => self.stack.push(Item::List(Vec::new(), None)),
+                b']' => self.stack.push(Item::List(ListBuf::Vals(Vec::new()), None)),
                 b'l' => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Item::List(items, None));
+                    let mut l = ListBuf::Vals(Vec::new());
+                    l.extend(items);
+                    self.stack.push(Item::List(l, None));
                 }
                 b'a' => {
                     let v = self.pop_value()?;
