@@ -327,9 +327,25 @@ impl<R: BufRead> Vm<R> {
 
     fn text(&mut self, bytes: &[u8]) -> Result<Value, TraceError> {
         let s = std::str::from_utf8(bytes)
-            .map_err(|e| TraceError(format!("a string that is not UTF-8 ({e})")))?
-            .to_owned();
-        Ok(Value::Str(self.intern(&s)))
+            .map_err(|e| TraceError(format!("a string that is not UTF-8 ({e})")))?;
+        Ok(Value::Str(self.intern(s)))
+    }
+
+    /// A string of the next `n` bytes, interned (read in place when the buffer holds them).
+    fn take_text(&mut self, n: usize) -> Result<Value, TraceError> {
+        let buf = match self.input.fill_buf() {
+            Ok(b) if b.len() >= n && n <= self.len.saturating_sub(self.pos) => b,
+            _ => {
+                let b = self.take(n, "a string")?;
+                return self.text(&b);
+            }
+        };
+        let s = std::str::from_utf8(&buf[..n])
+            .map_err(|e| TraceError(format!("a string that is not UTF-8 ({e})")))?;
+        let v = vm_intern(&mut self.strings, &mut self.string_ids, s);
+        self.input.consume(n);
+        self.pos += n;
+        Ok(Value::Str(v))
     }
 
     /// Freezes the stack item into a value (compacting it in compact mode) and records it
@@ -347,8 +363,7 @@ impl<R: BufRead> Vm<R> {
                 }
             }
             Item::Dict(d, slot) => {
-                let flat: Vec<&Value> = d.iter().flat_map(|(k, v)| [k, v]).collect();
-                let depth = self.depth_refs(&flat)?;
+                let depth = self.depth_refs(d.iter().flat_map(|(k, v)| [k, v]))?;
                 {
                     let v = self.compact_dict(d);
                     (self.record(v, depth), slot)
@@ -378,11 +393,10 @@ impl<R: BufRead> Vm<R> {
     /// The nesting depth of a container of `items`; refused beyond [`MAX_DEPTH`] (deeper
     /// data would recurse deeply where it is converted or dropped).
     fn depth(&self, items: &[Value]) -> Result<u32, TraceError> {
-        let refs: Vec<&Value> = items.iter().collect();
-        self.depth_refs(&refs)
+        self.depth_refs(items.iter())
     }
 
-    fn depth_refs(&self, items: &[&Value]) -> Result<u32, TraceError> {
+    fn depth_refs<'v>(&self, items: impl Iterator<Item = &'v Value>) -> Result<u32, TraceError> {
         let mut d = 0;
         for v in items {
             let k = match v {

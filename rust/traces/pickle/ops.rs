@@ -102,8 +102,7 @@ impl<R: BufRead> Vm<R> {
                         b'X' => self.le(4)? as usize,
                         _ => usize::try_from(self.le(8)?).unwrap_or(usize::MAX),
                     };
-                    let b = self.take(n, "a string")?;
-                    let v = self.text(&b)?;
+                    let v = self.take_text(n)?;
                     self.push(v);
                 }
                 b'V' => {
