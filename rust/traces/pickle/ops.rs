@@ -13,9 +13,6 @@ impl<R: BufRead> Vm<R> {
                 .u8()
                 .map_err(|_| TraceError("the pickle ends before its STOP".into()))?;
             self.ops += 1;
-            if let Some(&(_, name)) = REFUSED.iter().find(|(c, _)| *c == op) {
-                return self.refuse(op, name);
-            }
             match op {
                 0x80 => {
                     let p = self.u8()?;
@@ -220,6 +217,10 @@ impl<R: BufRead> Vm<R> {
                     self.memo_get(i)?;
                 }
                 _ => {
+                    // the refused opcodes have no arm above
+                    if let Some(&(_, name)) = REFUSED.iter().find(|(c, _)| *c == op) {
+                        return self.refuse(op, name);
+                    }
                     return err(format!(
                         "unknown pickle opcode {op:#04x} at offset {}",
                         self.pos - 1
