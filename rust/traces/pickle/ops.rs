@@ -224,7 +224,7 @@ impl<R: BufRead> Vm<R> {
                     return err(format!(
                         "unknown pickle opcode {op:#04x} at offset {}",
                         self.pos - 1
-                    ))
+                    ));
                 }
             }
         }
