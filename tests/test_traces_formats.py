@@ -254,3 +254,26 @@ def test_an_allocation_at_a_live_pointer_frees_the_old_one_first(tmp_path):
     report = replay(t, capacity="1GiB", min_capacity=False)
     for r in report.results.values():
         assert r.peak_live == 96 and r.final_reserved >= 0, r.allocator
+
+
+def test_a_device_read_twice_reads_the_same(tmp_path):
+    # the first read of a one-device history takes the rows' columns into its log
+    from gpumm import _core
+    data = {"segments": [seg([{"size": 512, "state": "active_allocated"}])], "device_traces": [[
+        ev("free_requested", SEG, 512, t=5), ev("free_completed", SEG, 512, t=6),
+        ev("alloc", SEG, 512, t=9)]]}
+    snap = _core.read_snapshot(str(write(tmp_path, data)))
+    first, again = snap.device(0), snap.device(0)
+    assert list(first[0].tuples()) == list(again[0].tuples()) == [
+        ("free", SEG, 512, 0, 0, 0, -1), ("alloc", SEG, 512, 0, 3, 0, -1)]
+    assert first[1:] == again[1:] and first[1] is not again[1]
+
+
+def test_devices_sharing_one_history_read_it_alike(tmp_path):
+    h = [ev("alloc", SEG, 512, t=1), ev("free_requested", SEG, 512, t=2),
+         ev("free_completed", SEG, 512, t=3)]
+    p = write(tmp_path, {"segments": [], "device_traces": [h, h]})
+    t0, t1 = read_traces(p)
+    assert [(e.action, e.ptr, e.size, e.time_us) for e in t0.events] == \
+        [(e.action, e.ptr, e.size, e.time_us) for e in t1.events] == \
+        [("alloc", SEG, 512, 0), ("free", SEG, 512, 2)]

@@ -219,6 +219,8 @@ impl PyTraceLog {
 pub struct PySnapshot {
     loaded: Arc<Loaded>,
     name: String,
+    /// each device's answer once read (a log may have taken the rows' columns)
+    read: std::sync::Mutex<HashMap<u64, Py<PyTuple>>>,
 }
 
 #[pymethods]
@@ -229,9 +231,62 @@ impl PySnapshot {
     }
 
     /// Device `device`'s trace: (log, start segments, start blocks, frames, final segment
-    /// indices, has_history).
+    /// indices, has_history, t0). Asked again, the same log with fresh lists.
+    fn device<'py>(&self, py: Python<'py>, device: u64) -> PyResult<Bound<'py, PyTuple>> {
+        let seen = self
+            .read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&device)
+            .map(|t| t.clone_ref(py));
+        if let Some(t) = seen {
+            let t = t.into_bound(py);
+            let items = t
+                .iter()
+                .map(|x| match x.cast::<PyList>() {
+                    Ok(l) => Ok(PyList::new(py, l.iter())?.into_any()),
+                    Err(_) => Ok(x),
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            return PyTuple::new(py, items);
+        }
+        let t = self.device_once(py, device)?.into_pyobject(py)?;
+        self.read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(device, t.clone().unbind());
+        Ok(t)
+    }
+    /// The segments at `indices` as Python dicts.
+    fn segments<'py>(&self, py: Python<'py>, indices: Vec<usize>) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        let segs =
+            snapshot::segments(&self.loaded, &self.name).map_err(|e| format_error(py, e.0))?;
+        let mut conv = Converter::new(&self.loaded);
+        for i in indices {
+            if let Some(s) = segs.get(i) {
+                let v = conv.py(py, s).map_err(|e| not_plain(py, &self.name, e))?;
+                out.append(v)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The root dict's value for `key` as Python data (None when absent).
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        let l = &self.loaded;
+        match snapshot::root_dict(l).and_then(|d| l.get(d, key)) {
+            Some(v) => Converter::new(l)
+                .py(py, v)
+                .map_err(|e| not_plain(py, &self.name, e)),
+            None => Ok(py.None().into_bound(py)),
+        }
+    }
+}
+
+impl PySnapshot {
     #[allow(clippy::type_complexity)]
-    fn device<'py>(
+    fn device_once<'py>(
         &self,
         py: Python<'py>,
         device: u64,
@@ -276,32 +331,6 @@ impl PySnapshot {
             t.t0,
         ))
     }
-
-    /// The segments at `indices` as Python dicts.
-    fn segments<'py>(&self, py: Python<'py>, indices: Vec<usize>) -> PyResult<Bound<'py, PyList>> {
-        let out = PyList::empty(py);
-        let segs =
-            snapshot::segments(&self.loaded, &self.name).map_err(|e| format_error(py, e.0))?;
-        let mut conv = Converter::new(&self.loaded);
-        for i in indices {
-            if let Some(s) = segs.get(i) {
-                let v = conv.py(py, s).map_err(|e| not_plain(py, &self.name, e))?;
-                out.append(v)?;
-            }
-        }
-        Ok(out)
-    }
-
-    /// The root dict's value for `key` as Python data (None when absent).
-    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
-        let l = &self.loaded;
-        match snapshot::root_dict(l).and_then(|d| l.get(d, key)) {
-            Some(v) => Converter::new(l)
-                .py(py, v)
-                .map_err(|e| not_plain(py, &self.name, e)),
-            None => Ok(py.None().into_bound(py)),
-        }
-    }
 }
 
 /// Loads a snapshot pickle for reading its traces (trace entries and frames held compact).
@@ -317,6 +346,7 @@ pub fn read_snapshot(py: Python<'_>, path: String) -> PyResult<PySnapshot> {
     Ok(PySnapshot {
         loaded: Arc::new(loaded),
         name: path,
+        read: Default::default(),
     })
 }
 
@@ -432,6 +462,13 @@ impl<'a> Converter<'a> {
                 let out = PyList::empty(py);
                 for &f in self.l.stacks[*s as usize].iter() {
                     out.append(self.frame(py, f)?)?;
+                }
+                out.into_any()
+            }
+            Value::EntryList(rows) => {
+                let out = PyList::empty(py);
+                for &r in rows.iter() {
+                    out.append(self.py(py, &Value::Entry(r))?)?;
                 }
                 out.into_any()
             }

@@ -1,5 +1,9 @@
 //! Trace entries of a snapshot's `device_traces`, stored as columns while the pickle loads
-//! (one row per entry dict instead of a dict of boxed values).
+//! (one row per entry dict instead of a dict of boxed values). Entries that free nothing
+//! (`free_requested`, `snapshot`) hold no row: their value names the action alone
+//! ([`SKIP_FREE_REQUESTED`], [`SKIP_SNAPSHOT`]).
+
+use std::sync::Mutex;
 
 use rustc_hash::FxHashMap;
 
@@ -23,6 +27,10 @@ pub const A_FREE_COMPLETED: u8 = 2;
 pub const A_OOM: u8 = 7;
 pub const A_SNAPSHOT: u8 = 8;
 
+/// The row value of a `free_requested` entry, and of a `snapshot` one (no row is stored).
+pub const SKIP_FREE_REQUESTED: u32 = 0x7FFF_FFF0;
+pub const SKIP_SNAPSHOT: u32 = 0x7FFF_FFF1;
+
 /// One entry: its action (an index of [`SNAP_ACTIONS`]), address (None for an `oom`),
 /// size, stream, `time_us`, interned stack (-1: none) and `device_free` (an `oom`'s).
 #[derive(Clone, Copy, Debug, Default)]
@@ -36,14 +44,23 @@ pub struct Row {
     pub device_free: Option<u64>,
 }
 
+/// The columns of the rows but their action: a device's log may take them whole
+/// ([`Entries::take_cols`]) rather than copy them.
 #[derive(Default)]
-pub struct Entries {
-    pub action: Vec<u8>,
+pub struct Cols {
     pub addr: Vec<u64>,
     pub size: Vec<u64>,
     pub stream: Vec<u64>,
     pub time_us: Vec<i64>,
     pub stack: Vec<i32>,
+}
+
+#[derive(Default)]
+pub struct Entries {
+    pub action: Vec<u8>,
+    cols: Mutex<Cols>,
+    /// whether [`Entries::take_cols`] took the columns (rows then read as zeros)
+    taken: std::sync::atomic::AtomicBool,
     /// (row, bytes free on the device) of each `oom` that recorded it
     pub device_free: Vec<(u32, u64)>,
     keys: [u32; 7],
@@ -86,16 +103,41 @@ impl Entries {
         self.action.is_empty()
     }
 
+    /// Row `i` (a skipped entry's value reads as its action alone; after
+    /// [`Entries::take_cols`], every field but the action reads as zero).
     pub fn row(&self, i: usize) -> Row {
+        let skipped = match i as u32 {
+            SKIP_FREE_REQUESTED => Some(A_FREE_REQUESTED),
+            SKIP_SNAPSHOT => Some(A_SNAPSHOT),
+            _ => None,
+        };
+        if let Some(action) = skipped {
+            return Row {
+                action,
+                stack: -1,
+                ..Row::default()
+            };
+        }
+        let c = self.cols.lock().unwrap_or_else(|e| e.into_inner());
         Row {
             action: self.action[i],
-            addr: self.addr[i],
-            size: self.size[i],
-            stream: self.stream[i],
-            time_us: self.time_us[i],
-            stack: self.stack[i],
+            addr: c.addr.get(i).copied().unwrap_or(0),
+            size: c.size.get(i).copied().unwrap_or(0),
+            stream: c.stream.get(i).copied().unwrap_or(0),
+            time_us: c.time_us.get(i).copied().unwrap_or(0),
+            stack: c.stack.get(i).copied().unwrap_or(-1),
             device_free: None,
         }
+    }
+
+    /// Takes the columns (once: None after the first), leaving the actions.
+    pub fn take_cols(&self) -> Option<Cols> {
+        use std::sync::atomic::Ordering;
+        let mut c = self.cols.lock().unwrap_or_else(|e| e.into_inner());
+        if self.taken.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        Some(std::mem::take(&mut *c))
     }
 
     /// Stores `d` as a row if it is a trace entry whose fields all have the types PyTorch
@@ -142,18 +184,24 @@ impl Entries {
                 r.size = size?;
             }
         }
+        match r.action {
+            A_FREE_REQUESTED => return Some(SKIP_FREE_REQUESTED),
+            A_SNAPSHOT => return Some(SKIP_SNAPSHOT),
+            _ => {}
+        }
         r.addr = addr.unwrap_or(0);
         r.size = size.unwrap_or(0);
         let i = self.len();
-        if i >= u32::MAX as usize {
+        if i >= SKIP_FREE_REQUESTED as usize {
             return None;
         }
+        let c = self.cols.get_mut().unwrap_or_else(|e| e.into_inner());
         self.action.push(r.action);
-        self.addr.push(r.addr);
-        self.size.push(r.size);
-        self.stream.push(r.stream);
-        self.time_us.push(r.time_us);
-        self.stack.push(r.stack);
+        c.addr.push(r.addr);
+        c.size.push(r.size);
+        c.stream.push(r.stream);
+        c.time_us.push(r.time_us);
+        c.stack.push(r.stack);
         if let Some(f) = r.device_free {
             self.device_free.push((i as u32, f));
         }

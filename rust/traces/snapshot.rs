@@ -4,10 +4,13 @@
 
 use rustc_hash::FxHashMap;
 
-use super::entries::{self, Row, A_ALLOC, A_FREE_REQUESTED, A_OOM, A_SNAPSHOT};
+use super::entries::{self, Row, A_FREE_REQUESTED, A_OOM, A_SNAPSHOT};
 use super::log::{self, Log, Start};
 use super::pickle::{Loaded, Value};
 use super::TraceError;
+
+mod history;
+use history::{history_log, moved_log, History};
 
 /// Block states that hold memory: allocated, or freed by the program but waiting for the
 /// streams that used it (`record_stream`). PyTorch writes `active_pending_free`; its
@@ -72,6 +75,7 @@ fn truthy(v: &Value) -> bool {
         Value::Int(n) => *n != 0,
         Value::Float(f) => *f != 0.0,
         Value::List(l) | Value::Tuple(l) | Value::Set(l, _) => !l.is_empty(),
+        Value::EntryList(r) => !r.is_empty(),
         Value::Dict(d) => !d.is_empty(),
         _ => true,
     }
@@ -85,7 +89,7 @@ fn device_traces(l: &Loaded) -> Option<&Value> {
 
 fn is_oom(l: &Loaded, v: &Value) -> bool {
     match v {
-        Value::Entry(r) => l.entries.action[*r as usize] == A_OOM,
+        Value::Entry(r) => l.entries.action.get(*r as usize) == Some(&A_OOM),
         Value::Dict(d) => l.as_str(l.get(d, "action").unwrap_or(&Value::None)) == Some("oom"),
         _ => false,
     }
@@ -99,7 +103,7 @@ pub fn devices(l: &Loaded) -> Vec<u64> {
         _ => &[],
     };
     for (d, h) in traces.iter().enumerate() {
-        if matches!(h, Value::List(x) if !x.is_empty()) {
+        if matches!(h, Value::List(x) if !x.is_empty()) || matches!(h, Value::EntryList(_)) {
             found.insert(d as u64);
         }
     }
@@ -129,6 +133,7 @@ pub fn devices(l: &Loaded) -> Vec<u64> {
     }
     let had_oom = |d: u64| match traces.get(d as usize) {
         Some(Value::List(h)) => h.iter().any(|e| is_oom(l, e)),
+        Some(Value::EntryList(h)) => h.iter().any(|&r| is_oom(l, &Value::Entry(r))),
         _ => false,
     };
     let mut v: Vec<u64> = found.into_iter().collect();
@@ -146,7 +151,7 @@ pub fn repr(l: &Loaded, v: &Value) -> String {
         Value::Float(f) => format!("{f:?}"),
         Value::Str(s) => format!("{:?}", l.str(*s)).replace('"', "'"),
         Value::Bytes(_) => "b'...'".into(),
-        Value::List(_) | Value::Stack(_) => "[...]".into(),
+        Value::List(_) | Value::Stack(_) | Value::EntryList(_) => "[...]".into(),
         Value::Tuple(_) => "(...)".into(),
         Value::Dict(_) | Value::Frame(_) | Value::Entry(_) => "{...}".into(),
         Value::Set(..) => "{...}".into(),
@@ -266,9 +271,10 @@ pub fn read_device(l: &Loaded, name: &str, device: u64) -> Result<DeviceTrace, T
     if !traces.is_empty() && device as usize >= traces.len() {
         return fail(format!("{name}: no device_traces for device {device}"));
     }
-    let history: &[Value] = match traces.get(device as usize) {
-        None => &[],
-        Some(Value::List(h)) => h,
+    let history = match traces.get(device as usize) {
+        None => History::Values(&[]),
+        Some(Value::List(h)) => History::Values(h),
+        Some(Value::EntryList(h)) => History::Rows(h),
         Some(_) => return fail(format!("{name}: device_traces[{device}] must be a list")),
     };
 
@@ -333,65 +339,25 @@ pub fn read_device(l: &Loaded, name: &str, device: u64) -> Result<DeviceTrace, T
     }
 
     // the history
-    let mut log = Log::default();
     let mut frames = Stacks::default();
-    let mut t0: Option<i64> = None;
-    log.action.reserve(history.len());
-    for (i, e) in history.iter().enumerate() {
-        let row = match e {
-            Value::Entry(r) => {
-                let mut row = l.entries.row(*r as usize);
-                if row.action == A_OOM {
-                    row.device_free = l.entries.device_free_of(*r);
-                }
-                row
+    // the rows may move into this log only when no other device's history holds any
+    let shared = traces.iter().enumerate().any(|(j, h)| {
+        j != device as usize
+            && match h {
+                Value::EntryList(_) => true,
+                Value::List(x) => x.iter().any(|e| matches!(e, Value::Entry(_))),
+                _ => false,
             }
-            Value::Dict(d) => {
-                match general_entry(l, d, &|| format!("{name}: device_traces[{device}][{i}]"))? {
-                    Some(r) => r,
-                    None => continue,
-                }
-            }
-            _ => {
-                return fail(format!(
-                    "{name}: device_traces[{device}][{i}]: must be a dict with an 'action'"
-                ))
-            }
-        };
-        if row.action == A_FREE_REQUESTED || row.action == A_SNAPSHOT {
-            continue; // memory is freed at free_completed
-        }
-        let kind = match row.action {
-            entries::A_ALLOC => log::ALLOC,
-            entries::A_FREE_COMPLETED => log::FREE,
-            3 => log::SEGMENT_ALLOC,
-            4 => log::SEGMENT_FREE,
-            5 => log::SEGMENT_MAP,
-            6 => log::SEGMENT_UNMAP,
-            _ => log::OOM,
-        };
-        let t = *t0.get_or_insert(row.time_us);
-        let stack = if row.action == A_ALLOC {
-            frames.index(l, &row, e)
-        } else {
-            -1
-        };
-        if let Some(f) = row.device_free {
-            log.device_free.push((log.len() as u32, f));
-        }
-        log.push(
-            kind,
-            row.addr,
-            row.size,
-            row.stream,
-            row.time_us.wrapping_sub(t),
-        );
-        log.frames.push(stack);
-    }
-    if log.frames.iter().all(|&f| f < 0) {
-        log.frames = Vec::new();
-    }
-    log.shrink();
+    });
+    let moved = if shared {
+        None
+    } else {
+        moved_log(l, history, &mut frames)
+    };
+    let (log, t0) = match moved {
+        Some(x) => x,
+        None => history_log(l, name, device, history, &mut frames)?,
+    };
 
     // rewound to the start
     let mut start_live = live;
@@ -435,7 +401,7 @@ pub fn read_device(l: &Loaded, name: &str, device: u64) -> Result<DeviceTrace, T
         frames,
         final_segments,
         has_history,
-        t0: t0.unwrap_or(0),
+        t0,
     })
 }
 

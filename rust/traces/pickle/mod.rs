@@ -10,7 +10,9 @@
 //! so memo references share them as Python's unpickler does. With `compact` set, two shapes
 //! are stored smaller as they complete: a frame dict (`filename`, `line`, `name`) becomes an
 //! interned frame, a list of them an interned stack, and a trace entry dict (one with a string
-//! `action`) one row of [`Entries`]; everything else stays a plain value.
+//! `action`) one row of [`Entries`], a list of entries the rows' indices alone; everything
+//! else stays a plain value. The memo holds 4 bytes a slot: an entry's row, or an index
+//! into a table of the other values memoized.
 
 use std::io::BufRead;
 use std::io::Read;
@@ -21,6 +23,7 @@ use rustc_hash::FxHashMap;
 use super::entries::Entries;
 use super::TraceError;
 
+mod memo;
 mod ops;
 
 /// A value of the pickle. Strings are indices into [`Loaded::strings`].
@@ -44,6 +47,41 @@ pub enum Value {
     Stack(u32),
     /// A trace entry: a row of [`Loaded::entries`] (compact mode).
     Entry(u32),
+    /// A list of trace entries (not empty): their rows (compact mode).
+    EntryList(Rc<Vec<u32>>),
+}
+
+/// A list being built: its values, or, while every value is a trace entry, their rows.
+enum ListBuf {
+    Vals(Vec<Value>),
+    Rows(Vec<u32>),
+}
+
+impl ListBuf {
+    fn extend(&mut self, items: Vec<Value>) {
+        if let ListBuf::Vals(v) = self {
+            if v.is_empty() && items.first().is_some_and(|x| matches!(x, Value::Entry(_))) {
+                *self = ListBuf::Rows(Vec::new());
+            }
+        }
+        let mut it = items.into_iter();
+        if let ListBuf::Rows(r) = self {
+            for x in it.by_ref() {
+                match x {
+                    Value::Entry(i) => r.push(i),
+                    other => {
+                        let mut v: Vec<Value> = r.iter().map(|&i| Value::Entry(i)).collect();
+                        v.push(other);
+                        *self = ListBuf::Vals(v);
+                        break;
+                    }
+                }
+            }
+        }
+        if let ListBuf::Vals(v) = self {
+            v.extend(it);
+        }
+    }
 }
 
 /// A loaded pickle: the root value and the tables its values refer to.
@@ -81,19 +119,18 @@ impl Loaded {
 
 enum Item {
     Done(Value),
-    List(Vec<Value>, Option<u32>),
+    List(ListBuf, Option<u32>),
     Dict(Vec<(Value, Value)>, Option<u32>),
     Set(Vec<Value>, Option<u32>),
     Mark,
 }
 
-#[derive(Clone)]
-enum Memo {
-    Empty,
-    /// a container still being built (its final value is stored when it completes)
-    Pending,
-    Value(Value),
-}
+/// A memo slot never stored, and one of a container still being built (its final value is
+/// stored when it completes); below [`MEMO_ENTRY`], an index into `Vm::memo_vals`; from it,
+/// an entry's row (`MEMO_ENTRY | row`).
+const MEMO_EMPTY: u32 = u32::MAX;
+const MEMO_PENDING: u32 = u32::MAX - 1;
+const MEMO_ENTRY: u32 = 0x8000_0000;
 
 const REFUSED: &[(u8, &str)] = &[
     (b'c', "GLOBAL"),
@@ -120,7 +157,8 @@ struct Vm<R: BufRead> {
     pos: usize,
     ops: usize,
     stack: Vec<Item>,
-    memo: Vec<Memo>,
+    memo: Vec<u32>,
+    memo_vals: Vec<Value>,
     strings: Vec<Box<str>>,
     string_ids: FxHashMap<Box<str>, u32>,
     frames: Vec<(u32, i64, u32)>,
@@ -170,6 +208,7 @@ pub fn load_from(input: impl BufRead, len: usize, compact: bool) -> Result<Loade
         ops: 0,
         stack: Vec::new(),
         memo: Vec::new(),
+        memo_vals: Vec::new(),
         strings: Vec::new(),
         string_ids: FxHashMap::default(),
         frames: Vec::new(),
@@ -289,9 +328,25 @@ impl<R: BufRead> Vm<R> {
 
     fn text(&mut self, bytes: &[u8]) -> Result<Value, TraceError> {
         let s = std::str::from_utf8(bytes)
-            .map_err(|e| TraceError(format!("a string that is not UTF-8 ({e})")))?
-            .to_owned();
-        Ok(Value::Str(self.intern(&s)))
+            .map_err(|e| TraceError(format!("a string that is not UTF-8 ({e})")))?;
+        Ok(Value::Str(self.intern(s)))
+    }
+
+    /// A string of the next `n` bytes, interned (read in place when the buffer holds them).
+    fn take_text(&mut self, n: usize) -> Result<Value, TraceError> {
+        let buf = match self.input.fill_buf() {
+            Ok(b) if b.len() >= n && n <= self.len.saturating_sub(self.pos) => b,
+            _ => {
+                let b = self.take(n, "a string")?;
+                return self.text(&b);
+            }
+        };
+        let s = std::str::from_utf8(&buf[..n])
+            .map_err(|e| TraceError(format!("a string that is not UTF-8 ({e})")))?;
+        let v = vm_intern(&mut self.strings, &mut self.string_ids, s);
+        self.input.consume(n);
+        self.pos += n;
+        Ok(Value::Str(v))
     }
 
     /// Freezes the stack item into a value (compacting it in compact mode) and records it
@@ -300,7 +355,8 @@ impl<R: BufRead> Vm<R> {
         let (v, slot) = match item {
             Item::Done(v) => return Ok(v),
             Item::Mark => return err("a MARK where a value was expected"),
-            Item::List(l, slot) => {
+            Item::List(ListBuf::Rows(r), slot) => (Value::EntryList(Rc::new(r)), slot),
+            Item::List(ListBuf::Vals(l), slot) => {
                 let d = self.depth(&l)?;
                 {
                     let v = self.compact_list(l);
@@ -308,8 +364,7 @@ impl<R: BufRead> Vm<R> {
                 }
             }
             Item::Dict(d, slot) => {
-                let flat: Vec<&Value> = d.iter().flat_map(|(k, v)| [k, v]).collect();
-                let depth = self.depth_refs(&flat)?;
+                let depth = self.depth_refs(d.iter().flat_map(|(k, v)| [k, v]))?;
                 {
                     let v = self.compact_dict(d);
                     (self.record(v, depth), slot)
@@ -321,7 +376,7 @@ impl<R: BufRead> Vm<R> {
             }
         };
         if let Some(i) = slot {
-            self.memo[i as usize] = Memo::Value(v.clone());
+            self.memo_store(i as usize, v.clone());
         }
         Ok(v)
     }
@@ -329,11 +384,10 @@ impl<R: BufRead> Vm<R> {
     /// The nesting depth of a container of `items`; refused beyond [`MAX_DEPTH`] (deeper
     /// data would recurse deeply where it is converted or dropped).
     fn depth(&self, items: &[Value]) -> Result<u32, TraceError> {
-        let refs: Vec<&Value> = items.iter().collect();
-        self.depth_refs(&refs)
+        self.depth_refs(items.iter())
     }
 
-    fn depth_refs(&self, items: &[&Value]) -> Result<u32, TraceError> {
+    fn depth_refs<'v>(&self, items: impl Iterator<Item = &'v Value>) -> Result<u32, TraceError> {
         let mut d = 0;
         for v in items {
             let k = match v {
@@ -343,7 +397,7 @@ impl<R: BufRead> Vm<R> {
                     d = d.max(1);
                     continue;
                 }
-                Value::Stack(_) => {
+                Value::Stack(_) | Value::EntryList(_) => {
                     d = d.max(2);
                     continue;
                 }
@@ -457,73 +511,26 @@ impl<R: BufRead> Vm<R> {
         items.into_iter().map(|i| self.finish(i)).collect()
     }
 
-    /// The memo index a PUT/GET opcode names: a text line (PUT, GET), one byte (BINPUT,
-    /// BINGET), four (LONG_BINPUT, LONG_BINGET), or the next free slot (MEMOIZE).
-    fn memo_index(&mut self, op: u8) -> Result<u64, TraceError> {
-        match op {
-            b'p' | b'g' => {
-                let t = String::from_utf8_lossy(&self.line()?).trim().to_string();
-                t.parse::<u64>()
-                    .map_err(|_| TraceError(format!("a bad memo index {t:?}")))
-            }
-            b'q' | b'h' => Ok(self.u8()? as u64),
-            0x94 => Ok(self.memo.len() as u64),
-            _ => self.le(4),
-        }
-    }
-
-    fn memo_put(&mut self, i: u64) -> Result<(), TraceError> {
-        if i > self.ops as u64 {
-            return err(format!("memo index {i} after only {} opcodes", self.ops));
-        }
-        let i = i as usize;
-        if i >= self.memo.len() {
-            self.memo.resize(i + 1, Memo::Empty);
-        }
-        match self.stack.last_mut() {
-            Some(Item::Done(v)) => self.memo[i] = Memo::Value(v.clone()),
-            Some(Item::List(_, slot) | Item::Dict(_, slot) | Item::Set(_, slot)) => {
-                *slot = Some(i as u32);
-                self.memo[i] = Memo::Pending;
-            }
-            _ => return err("a memo store with nothing to store"),
-        }
-        Ok(())
-    }
-
-    fn memo_get(&mut self, i: u64) -> Result<(), TraceError> {
-        match self.memo.get(i as usize) {
-            Some(Memo::Value(v)) => {
-                let v = v.clone();
-                self.push(v);
-                Ok(())
-            }
-            Some(Memo::Pending) => {
-                // a container referenced again before its parent took it (Python's pickler
-                // writes `{"a": x, "b": x}` so): it is complete, so freeze it where it lies
-                let k = self.stack.iter().rposition(|it| match it {
-                    Item::List(_, s) | Item::Dict(_, s) | Item::Set(_, s) => *s == Some(i as u32),
-                    _ => false,
-                });
-                let Some(k) = k else {
-                    return err(format!("memo {i} was never stored"));
-                };
-                let item = std::mem::replace(&mut self.stack[k], Item::Mark);
-                let v = self.finish(item)?;
-                self.stack[k] = Item::Done(v.clone());
-                self.push(v);
-                Ok(())
-            }
-            _ => err(format!("memo {i} was never stored")),
-        }
-    }
-
     fn append(&mut self, items: Vec<Value>) -> Result<(), TraceError> {
         match self.stack.last_mut() {
             Some(Item::List(l, _)) => {
                 l.extend(items);
                 Ok(())
             }
+            Some(Item::Done(Value::EntryList(r))) => match Rc::get_mut(r) {
+                Some(r) => {
+                    let mut l = ListBuf::Rows(std::mem::take(r));
+                    l.extend(items);
+                    let v = match l {
+                        ListBuf::Rows(r) => Value::EntryList(Rc::new(r)),
+                        ListBuf::Vals(v) => Value::List(Rc::new(v)),
+                    };
+                    self.stack.pop();
+                    self.stack.push(Item::Done(v));
+                    Ok(())
+                }
+                None => err(SHARED),
+            },
             Some(Item::Done(Value::List(l))) => match Rc::get_mut(l) {
                 Some(l) => {
                     l.extend(items);
@@ -554,7 +561,11 @@ impl<R: BufRead> Vm<R> {
                 while let (Some(k), Some(v)) = (it.next(), it.next()) {
                     if matches!(
                         k,
-                        Value::List(_) | Value::Dict(_) | Value::Set(_, false) | Value::Stack(_)
+                        Value::List(_)
+                            | Value::Dict(_)
+                            | Value::Set(_, false)
+                            | Value::Stack(_)
+                            | Value::EntryList(_)
                     ) {
                         return err("a dict key that is not hashable");
                     }

@@ -3,7 +3,7 @@
 
 use std::io::BufRead;
 
-use super::{err, Item, Rc, Value, Vm, REFUSED};
+use super::{err, Item, ListBuf, Rc, Value, Vm, REFUSED};
 use crate::traces::TraceError;
 
 impl<R: BufRead> Vm<R> {
@@ -13,9 +13,6 @@ impl<R: BufRead> Vm<R> {
                 .u8()
                 .map_err(|_| TraceError("the pickle ends before its STOP".into()))?;
             self.ops += 1;
-            if let Some(&(_, name)) = REFUSED.iter().find(|(c, _)| *c == op) {
-                return self.refuse(op, name);
-            }
             match op {
                 0x80 => {
                     let p = self.u8()?;
@@ -102,8 +99,7 @@ impl<R: BufRead> Vm<R> {
                         b'X' => self.le(4)? as usize,
                         _ => usize::try_from(self.le(8)?).unwrap_or(usize::MAX),
                     };
-                    let b = self.take(n, "a string")?;
-                    let v = self.text(&b)?;
+                    let v = self.take_text(n)?;
                     self.push(v);
                 }
                 b'V' => {
@@ -150,10 +146,12 @@ impl<R: BufRead> Vm<R> {
                     let b: Rc<[u8]> = self.take(n, "a bytes object")?.into();
                     self.push(Value::Bytes(b));
                 }
-                b']' => self.stack.push(Item::List(Vec::new(), None)),
+                b']' => self.stack.push(Item::List(ListBuf::Vals(Vec::new()), None)),
                 b'l' => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Item::List(items, None));
+                    let mut l = ListBuf::Vals(Vec::new());
+                    l.extend(items);
+                    self.stack.push(Item::List(l, None));
                 }
                 b'a' => {
                     let v = self.pop_value()?;
@@ -219,10 +217,14 @@ impl<R: BufRead> Vm<R> {
                     self.memo_get(i)?;
                 }
                 _ => {
+                    // the refused opcodes have no arm above
+                    if let Some(&(_, name)) = REFUSED.iter().find(|(c, _)| *c == op) {
+                        return self.refuse(op, name);
+                    }
                     return err(format!(
                         "unknown pickle opcode {op:#04x} at offset {}",
                         self.pos - 1
-                    ))
+                    ));
                 }
             }
         }
