@@ -18,14 +18,6 @@ from shared_traces import TRACES, needs_shared
 QWEN3 = TRACES / "wild" / "code_location_qwen3_train.pickle"
 
 
-def _qt():
-    try:
-        import PyQt6.QtWebEngineWidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     out = tmp_path_factory.mktemp("html") / "r.html"
@@ -45,7 +37,6 @@ def test_page_sections(page):
 
 
 @needs_shared
-@pytest.mark.skipif(not _qt(), reason="PyQt6-WebEngine (pip install '.[test]') is not installed")
 def test_rendered_in_chromium(page, tmp_path):
     shot = tmp_path / "shot.png"
     r = subprocess.run([sys.executable, str(Path(__file__).with_name("chromium_render.py")),

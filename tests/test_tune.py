@@ -89,7 +89,6 @@ def test_table_names_best_and_gpumm(capsys):
 def test_numbers_reproduce_in_gpumm_replay(name, capsys):
     """`gpumm replay TRACE --allocator caching --alloc-conf CONF` gives each candidate's peak
     reserved, smallest device and OOMs byte for byte."""
-    pytest.importorskip("gpumm.alloc_conf")
     path = str(TRACES / name)
     assert main(["tune", path, "--capacity", "80GiB", "--json", "-"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -101,14 +100,13 @@ def test_numbers_reproduce_in_gpumm_replay(name, capsys):
             c["peak_reserved"], c["min_capacity"], c["ooms"]), c["alloc_conf"]
 
 
+@needs_shared
 def test_tune_smoke_of_the_benchmark():
     """benches/tune.py runs (on a short trace): the benchmark measures, this only checks it
     works."""
     import importlib.util
     import pathlib
 
-    if not (TRACES / "gpt2_train.csv.gz").exists():
-        pytest.skip("../shared/traces is absent")
     spec = importlib.util.spec_from_file_location(
         "bench_tune", pathlib.Path(__file__).parents[1] / "benches" / "tune.py")
     mod = importlib.util.module_from_spec(spec)

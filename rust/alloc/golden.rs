@@ -183,7 +183,7 @@ fn trace(events: &str, movable: bool, out: &mut String) {
 }
 
 #[test]
-#[ignore]
+#[ignore = "a tool, not a check: writes every picture to GOLDEN_OUT for a diff (minutes)"]
 fn golden_outputs() {
     let dir = std::env::var("GOLDEN_OUT").expect("GOLDEN_OUT: the folder to write to");
     let dir = Path::new(&dir);

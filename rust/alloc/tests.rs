@@ -1571,7 +1571,7 @@ proptest! {
 /// needed the stitching window (`cargo test --release --no-default-features --lib
 /// churn_for_profiler -- --ignored --nocapture`).
 #[test]
-#[ignore]
+#[ignore = "a profiling loop for callgrind and perf, not a check"]
 fn churn_for_profiler() {
     use rand::{Rng, SeedableRng};
     let (lo, hi) = match std::env::var("CHURN").as_deref() {
