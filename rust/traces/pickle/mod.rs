@@ -132,24 +132,6 @@ const MEMO_EMPTY: u32 = u32::MAX;
 const MEMO_PENDING: u32 = u32::MAX - 1;
 const MEMO_ENTRY: u32 = 0x8000_0000;
 
-const REFUSED: &[(u8, &str)] = &[
-    (b'c', "GLOBAL"),
-    (0x93, "STACK_GLOBAL"),
-    (b'i', "INST"),
-    (b'o', "OBJ"),
-    (b'R', "REDUCE"),
-    (0x81, "NEWOBJ"),
-    (0x92, "NEWOBJ_EX"),
-    (0x82, "EXT1"),
-    (0x83, "EXT2"),
-    (0x84, "EXT4"),
-    (b'b', "BUILD"),
-    (b'P', "PERSID"),
-    (b'Q', "BINPERSID"),
-    (0x97, "NEXT_BUFFER"),
-    (0x98, "READONLY_BUFFER"),
-];
-
 struct Vm<R: BufRead> {
     input: R,
     /// bytes of input in all, and read so far

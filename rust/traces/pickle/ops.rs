@@ -3,8 +3,27 @@
 
 use std::io::BufRead;
 
-use super::{err, Item, ListBuf, Rc, Value, Vm, REFUSED};
+use super::{err, Item, ListBuf, Rc, Value, Vm};
 use crate::traces::TraceError;
+
+/// The opcodes that import, call or reach outside the pickle, refused by name.
+const REFUSED: &[(u8, &str)] = &[
+    (b'c', "GLOBAL"),
+    (0x93, "STACK_GLOBAL"),
+    (b'i', "INST"),
+    (b'o', "OBJ"),
+    (b'R', "REDUCE"),
+    (0x81, "NEWOBJ"),
+    (0x92, "NEWOBJ_EX"),
+    (0x82, "EXT1"),
+    (0x83, "EXT2"),
+    (0x84, "EXT4"),
+    (b'b', "BUILD"),
+    (b'P', "PERSID"),
+    (b'Q', "BINPERSID"),
+    (0x97, "NEXT_BUFFER"),
+    (0x98, "READONLY_BUFFER"),
+];
 
 impl<R: BufRead> Vm<R> {
     pub(super) fn run(&mut self) -> Result<Value, TraceError> {
