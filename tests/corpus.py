@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import pytest
 
@@ -67,18 +67,17 @@ def label(path: Path) -> str:
         return f"recorded/{path.name}"
 
 
-def params(paths: List[Path], known: Optional[Dict[str, str]] = None) -> list:
-    """``paths`` as pytest parameters, each with its label; shared ones marked ``needs_shared``.
+def params(paths: List[Path]) -> list:
+    """``paths`` as pytest parameters, each with its label; shared ones marked ``needs_shared``."""
+    return [pytest.param(p, id=label(p), marks=[needs_shared] if p in SHARED else [])
+            for p in paths]
 
-    ``known`` maps a label to an open bug the test shows on that file: the case is marked
-    ``xfail`` with that reason. On a shared trace the mark is strict (the file never changes:
-    when the bug is fixed the case passes, which fails the run until the mark goes); on a
-    recorded one it is not (a recording made with other library versions may not show it)."""
-    known = known or {}
-    out = []
-    for p in paths:
-        marks = [needs_shared] if p in SHARED else []
-        if label(p) in known:
-            marks.append(pytest.mark.xfail(reason=known[label(p)], strict=p in SHARED))
-        out.append(pytest.param(p, id=label(p), marks=marks))
-    return out
+
+#: Recorded workloads on which gpumm's pool does not meet its reserve bound yet (issue 27:
+#: 1.02 x peak live + 4 MiB): the tests that walk the corpus run every other check on them.
+RESERVE_OPEN: Dict[str, str] = {
+    "recorded/unet_train.csv.gz": "1.040 x peak live",
+    "recorded/gpt2_decode.csv.gz": "1.69 x the 29.6 MiB peak live",
+    "recorded/vit_train.csv.gz": "1.034 x peak live",
+    "recorded/llama_decode.csv.gz": "1.43 x the 11.2 MiB peak live",
+}

@@ -11,20 +11,18 @@ from gpumm.units import MiB
 import corpus
 
 
-# shared and recorded RMM logs; where the pool misses its target today (issue 25's recordings)
-@pytest.mark.parametrize("path", corpus.params(corpus.RMM, {
-    "recorded/gpt2_decode.csv.gz": "1.69 x the 29.6 MiB peak live",
-    "recorded/llama_decode.csv.gz": "1.43 x the 11.2 MiB peak live",
-    "recorded/unet_train.csv.gz": "1.040 x peak live",
-    "recorded/vit_train.csv.gz": "1.034 x peak live"}))
+# shared and recorded RMM logs; the bounds are not checked where corpus.RESERVE_OPEN says the
+# pool misses them today
+@pytest.mark.parametrize("path", corpus.params(corpus.RMM))
 def test_reserve_close_to_live(path):
     trace = read_rmm_csv(path)
     peak = trace.peak_live()
     r = replay_pool(trace, "80GiB")
     assert r.failures == 0 and r.peak_live == peak
-    assert r.peak_reserved <= 1.02 * peak + 4 * MiB, r.reserve_ratio
     cap = min_capacity(trace)
-    assert cap <= 1.03 * peak + 4 * MiB, cap / peak
+    if corpus.label(path) not in corpus.RESERVE_OPEN:
+        assert r.peak_reserved <= 1.02 * peak + 4 * MiB, r.reserve_ratio
+        assert cap <= 1.03 * peak + 4 * MiB, cap / peak
     assert replay_pool(trace, cap).failures == 0
     assert replay_pool(trace, cap - 2 * MiB).failures > 0
 

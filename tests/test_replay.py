@@ -20,12 +20,6 @@ from gpumm.units import MiB
 
 import corpus
 from shared_traces import TRACES, needs_shared
-# issue 27: gpumm's reserve bound (1.02 x peak live + 4 MiB) is not met yet on these recorded
-# workloads; every other check runs on them
-RESERVE_OPEN = {"recorded/unet_train.csv.gz": "1.040 x peak live",
-                "recorded/gpt2_decode.csv.gz": "1.69 x the 29.6 MiB peak live",
-                "recorded/vit_train.csv.gz": "1.034 x peak live",
-                "recorded/llama_decode.csv.gz": "1.43 x the 11.2 MiB peak live"}
 ALL = corpus.params(corpus.ALL)  # every shared trace (wild/ too) and every recorded one
 HISTORY = corpus.params(corpus.HISTORY)
 
@@ -45,7 +39,7 @@ def test_every_allocator_on_every_trace(name):
             assert r.min_capacity >= report.peak_live
             assert r.events_per_second > 0 or not report.events  # state-only: nothing to time
         g = report.results["gpumm"]
-        if corpus.label(TRACES / name) not in RESERVE_OPEN:
+        if corpus.label(TRACES / name) not in corpus.RESERVE_OPEN:
             assert g.peak_reserved <= 1.02 * report.peak_live + 4 * MiB, g.ratio
             assert g.min_capacity <= 1.02 * report.peak_live + 8 * MiB, g.min_capacity
         assert report.results["driver"].peak_reserved <= g.peak_reserved
