@@ -53,6 +53,8 @@ mod batch;
 pub mod bins;
 mod blocks;
 mod cache;
+#[cfg(test)]
+mod cache_props;
 mod config;
 mod defrag;
 #[cfg(test)]

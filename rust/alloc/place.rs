@@ -17,6 +17,9 @@ impl Pool {
             self.remove_free(b);
             return Some(Layout::Block(self.carve(b, 0, units, a)));
         }
+        if self.give_back_cache() {
+            return self.place_small(units, a, relaxed);
+        }
         self.reclaim(1);
         if self.ensure_pages(1) {
             let p = self.free_pages.alloc(1).expect("a free page");
@@ -191,6 +194,19 @@ impl Pool {
             window: NIL,
             window_len: 0,
         }))
+    }
+
+    /// Before a request takes pages (free ones or the device's): the size cache's blocks go
+    /// back, merged, and the request looks again (true), so that what the cache holds is
+    /// used before any page is, as it would be by a pool without the cache. False: the
+    /// cache was empty.
+    #[inline]
+    pub(super) fn give_back_cache(&mut self) -> bool {
+        if self.cache.is_empty() {
+            return false;
+        }
+        self.flush_cache();
+        true
     }
 
     /// Whether the pool is under pressure (see `PRESSURE_DIV`): the pages it could still get
