@@ -7,7 +7,9 @@ and the best other model, with whether issue 27's targets hold:
   buddy);
 - ``cap``: its smallest capacity <= 1.02 x peak live + 8 MiB.
 
-Run: ``python scripts/reserve_table.py [--classes-only | --corpus-only] [-j N] [FILE ...]``
+Run: ``python scripts/reserve_table.py [--classes-only | --corpus-only] [-j N] [FILE ...]``;
+``--markdown`` prints docs/replay.md's "Reserve on every trace" table instead (every model,
+with its smallest capacity in MiB)
 (from the repository root, in the venv). Each trace is replayed as ``gpumm replay FILE
 --json -`` does it (``replay(t, capacity=max(80 GiB, 2 x peak live))``); the figures are
 deterministic, so two runs before and after a change compare line by line.
@@ -51,6 +53,30 @@ def rows_of(name: str, reports) -> List[Row]:
     return out
 
 
+MODELS = ("gpumm",) + OTHERS + ("driver",)
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / MiB:.1f} MiB"
+
+
+def markdown_rows(path: str) -> List[str]:
+    """docs/replay.md's rows of one corpus file, one a device."""
+    from corpus import label
+    from gpumm.replay import replay
+    from gpumm.traces import read_traces
+
+    out = []
+    for t in read_traces(path):
+        rep = replay(t, capacity=max(80 << 30, 2 * t.peak_live()))
+        cells = [f"{rep.results[m].ratio:.3f} ({(rep.results[m].min_capacity or 0) / MiB:,.0f})"
+                 for m in MODELS]
+        name = label(Path(path)).replace(".csv.gz", "").replace(".pickle", "")
+        out.append(f"| {name} | {getattr(rep, 'device', 0)} | {_size(rep.peak_live)} | "
+                   + " | ".join(cells) + " |")
+    return out
+
+
 def corpus_rows(path: str) -> List[Row]:
     from corpus import label
     from gpumm.replay import replay
@@ -75,9 +101,20 @@ def main() -> None:
     ap.add_argument("--classes-only", action="store_true")
     ap.add_argument("--corpus-only", action="store_true")
     ap.add_argument("-j", type=int, default=2, help="processes (default 2)")
+    ap.add_argument("--markdown", action="store_true", help="docs/replay.md's table")
     args = ap.parse_args()
-    from corpus import ALL, STATE_ONLY
+    from corpus import ALL, STATE_ONLY, label
     import test_reserve_classes as c
+
+    if args.markdown:
+        paths = sorted(args.files or [str(p) for p in ALL],
+                       key=lambda p: (not label(Path(p)).startswith("recorded/"), label(Path(p))))
+        print("| trace | device | peak live | " + " | ".join(MODELS) + " |")
+        print("|---" * (3 + len(MODELS)) + "|")
+        with ProcessPoolExecutor(args.j) as ex:
+            for rows in ex.map(markdown_rows, paths):
+                print("\n".join(rows), flush=True)
+        return
 
     files = args.files or ([] if args.classes_only else
                            [str(p) for p in ALL if p.name not in STATE_ONLY])

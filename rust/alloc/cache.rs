@@ -170,6 +170,19 @@ impl SizeCache {
         out
     }
 
+    /// Empties the ways that hold sizes below `units` granules; returns their slots.
+    pub fn drain_below(&mut self, units: u64) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (w, slots) in self.ways.iter_mut().zip(&self.slots) {
+            if w.len > 0 && (w.units as u64) < units {
+                out.extend_from_slice(&slots[..w.len as usize]);
+                self.len -= w.len as usize;
+                w.len = 0;
+            }
+        }
+        out
+    }
+
     /// (size in granules, slot) of everything held (for checks).
     pub fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.ways
@@ -224,6 +237,11 @@ mod tests {
         assert!(!c.admit(other, 5));
         assert_eq!(c.entries().count(), DEPTH);
         assert!(c.entries().all(|(u, _)| u == 1000));
+        c.take(7);
+        c.take(7);
+        assert!(c.admit(7, 50));
+        assert_eq!(c.drain_below(8), vec![50], "only the sizes below");
+        assert_eq!(c.len(), DEPTH);
         let mut got = c.drain();
         got.sort_unstable();
         assert_eq!(got, (0..DEPTH as u32).collect::<Vec<_>>());

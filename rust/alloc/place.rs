@@ -6,8 +6,8 @@ use super::*;
 impl Pool {
     /// A small request: good fit in the heap pages, else a new heap page. Relaxed (on the way
     /// to out of memory): a free block of a large page will do too. Before it takes a page,
-    /// the size cache's blocks go back, merged, and it looks again: a page is taken only for
-    /// what the heap pages cannot hold with nothing cached (without this, gpt2_decode's peak
+    /// the size cache's blocks of small sizes go back, merged, and it looks again: a page is
+    /// taken only for what the heap pages cannot hold with no small block cached (without this, gpt2_decode's peak
     /// reserve was 1.689 x its peak live, with it 1.622 x; docs/replay.md).
     #[inline]
     pub(super) fn place_small(&mut self, units: u32, a: u32, relaxed: bool) -> Option<Layout> {
@@ -26,8 +26,15 @@ impl Pool {
                 self.quick_miss = true;
                 return None;
             }
-            self.flush_cache();
-            return self.place_small(units, a, relaxed);
+            // the small sizes only: their blocks are in heap pages (a large block given back
+            // would not hold this request; the pool gives it back before it grows)
+            let small = self.cache.drain_below(self.small_units);
+            if !small.is_empty() {
+                for c in small {
+                    self.uncache(c);
+                }
+                return self.place_small(units, a, relaxed);
+            }
         }
         if self.quick_short_of(1) {
             return None;
