@@ -64,8 +64,7 @@ def options_from_conf(text: str) -> Dict[str, Any]:
     if text.strip():
         from gpumm.alloc_conf import parse_alloc_conf
 
-        got = parse_alloc_conf(text)  # an AllocConf: its ``options`` are the model's
-        opts.update(getattr(got, "options", got))
+        opts.update(parse_alloc_conf(text).options)
     return opts
 
 
