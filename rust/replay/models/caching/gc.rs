@@ -19,7 +19,7 @@ impl Caching {
     /// rounded down as PyTorch converts it. None when the option is off.
     fn gc_threshold(&self) -> Option<u64> {
         let t = self.opts.garbage_collection_threshold;
-        (t > 0.0).then(|| (t * self.dev.capacity as f64) as u64)
+        (t > 0.0).then_some((t * self.dev.capacity as f64) as u64)
     }
 
     /// The large pool's whole free segments: (address, size, age, plain).
