@@ -66,9 +66,9 @@ def test_json_keys(traces, capsys):
 
 def test_alloc_conf_reaches_the_model(traces, capsys):
     assert main(["predict", str(traces[2048]), "--alloc-conf", "expandable_segments:True,"
-                 "garbage_collection_threshold:0.5", "--json", "-"]) == 0
+                 "max_non_split_rounding_mb:64", "--json", "-"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert "garbage_collection_threshold" in d["unmodelled"]
+    assert "max_non_split_rounding_mb" in d["unmodelled"]
     assert main(["predict", str(traces[2048]), "--alloc-conf", "max_split_size_mb:4"]) == 2
     assert "too small" in capsys.readouterr().err
 

@@ -9,7 +9,8 @@ import pytest
 from gpumm.cli import main
 from gpumm.replay import replay
 from gpumm.traces import read_trace, read_traces
-from gpumm.tune import BAD_COMBINATION, DEFAULTS, alloc_conf_text, candidates, tune
+from gpumm.tune import (BAD_COMBINATION, DEFAULTS, alloc_conf_text, candidates, options_from_conf,
+                        tune)
 
 from shared_traces import TRACES, needs_shared
 
@@ -19,19 +20,40 @@ SOME = [dict(DEFAULTS), dict(DEFAULTS, max_split_size=256 << 20, roundup_power2_
         # above every request of these traces: tune replays it once with the defaults' key,
         # and the test replays it on its own
         dict(DEFAULTS, max_split_size=2048 << 20, roundup_power2_divisions=8),
-        dict(DEFAULTS, roundup_power2_divisions=8)]
+        dict(DEFAULTS, roundup_power2_divisions=8),
+        # the per-interval form and the GC threshold
+        dict(DEFAULTS, roundup_power2_divisions=[1] * 9 + [2, 4] + [8] * 5),
+        dict(DEFAULTS, expandable_segments=True, roundup_power2_divisions=[4] * 4 + [0] * 12),
+        dict(DEFAULTS, garbage_collection_threshold=0.6),
+        dict(DEFAULTS, garbage_collection_threshold=0.8, max_split_size=256 << 20)]
 
 
 def test_grid_has_at_least_fifty_distinct_settings():
     grid = candidates()
     assert len(grid) >= 50
     assert len({alloc_conf_text(o) for o in grid}) == len(grid)
+    texts = [alloc_conf_text(o) for o in grid]
+    assert sum("garbage_collection_threshold" in t for t in texts) == 6
+    assert sum("roundup_power2_divisions:[" in t for t in texts) == 8
+    # without a capacity the GC rows go, the rest stay
+    assert [o for o in grid if not o["garbage_collection_threshold"]] == candidates(gc=False)
 
 
 def test_alloc_conf_text():
     assert alloc_conf_text(DEFAULTS) == ""
     assert alloc_conf_text(SOME[1]) == "max_split_size_mb:256,roundup_power2_divisions:4"
     assert alloc_conf_text(SOME[3]) == "expandable_segments:True,max_split_size_mb:512"
+    assert alloc_conf_text(SOME[6]) == "roundup_power2_divisions:[256:1,512:2,1024:4,2048:8,>:8]"
+    assert alloc_conf_text(SOME[9]) == ("max_split_size_mb:256,"
+                                        "garbage_collection_threshold:0.8")
+    assert alloc_conf_text(dict(DEFAULTS, memory_fraction=0.5)) == (
+        "per_process_memory_fraction:0.5")
+
+
+def test_every_candidate_reads_back_to_its_options():
+    """The string tune prints is what `gpumm replay --alloc-conf` reads: the same options."""
+    for o in candidates():
+        assert options_from_conf(alloc_conf_text(o)) == o, alloc_conf_text(o)
 
 
 @needs_shared
@@ -67,6 +89,23 @@ def test_recorded_setting_has_its_row():
 
 
 @needs_shared
+def test_gc_rows_need_a_capacity():
+    """With no capacity the GC thresholds are left out and the result says why; with one
+    they are searched, at that capacity."""
+    t = read_traces(TRACES / "wild" / "octnca_train3d_my_snapshot.pickle")[0]
+    r = tune(t, workers=2)
+    assert not any(c.options["garbage_collection_threshold"] for c in r.candidates)
+    assert len(r.skipped) == 1 and "--capacity" in r.skipped[0]
+    r = tune(t, capacity="20GiB", workers=2)
+    gc = [c for c in r.candidates if c.options["garbage_collection_threshold"]]
+    assert len(gc) == 6 and r.skipped == []
+    # at 20 GiB a threshold of 0.6 (12 GiB) frees cached segments: a lower peak
+    plain = next(c for c in r.candidates if c.alloc_conf == "")
+    low = next(c for c in gc if c.alloc_conf == "garbage_collection_threshold:0.6")
+    assert low.peak_reserved < plain.peak_reserved
+
+
+@needs_shared
 def test_json_candidates(capsys):
     path = str(TRACES / "resnet50_train.csv.gz")
     assert main(["tune", path, "--capacity", "80GiB", "--json", "-"]) == 0
@@ -85,15 +124,19 @@ def test_table_names_best_and_gpumm(capsys):
 
 
 @needs_shared
-@pytest.mark.parametrize("name", ["resnet50_train.csv.gz", "cs336_ctx128_forward.pickle"])
+@pytest.mark.parametrize("name", ["resnet50_train.csv.gz", "cs336_ctx128_forward.pickle",
+                                  "wild/octnca_train3d_my_snapshot.pickle"])
 def test_numbers_reproduce_in_gpumm_replay(name, capsys):
     """`gpumm replay TRACE --allocator caching --alloc-conf CONF` gives each candidate's peak
     reserved, smallest device and OOMs byte for byte."""
     path = str(TRACES / name)
-    assert main(["tune", path, "--capacity", "80GiB", "--json", "-"]) == 0
+    assert main(["tune", path, "--capacity", "20GiB", "--json", "-"]) == 0
     data = json.loads(capsys.readouterr().out)
-    for c in data[:3] + data[-2:]:
-        assert main(["replay", path, "--allocator", "caching", "--capacity", "80GiB",
+    gc = [c for c in data if "garbage_collection_threshold" in c["alloc_conf"]]
+    tables = [c for c in data if "roundup_power2_divisions:[" in c["alloc_conf"]]
+    assert len(gc) == 6 and len(tables) == 8
+    for c in data[:3] + data[-2:] + gc[:3] + tables[:3]:
+        assert main(["replay", path, "--allocator", "caching", "--capacity", "20GiB",
                      "--alloc-conf", c["alloc_conf"], "--json", "-"]) == 0
         got = json.loads(capsys.readouterr().out)["allocators"]["caching"]
         assert (got["peak_reserved"], got["min_capacity"], got["ooms"]) == (

@@ -11,15 +11,24 @@ refuse (an unknown key, a size that is not a power of two, a threshold outside (
 :class:`gpumm.errors.InvalidArgumentError` naming the part at fault, as PyTorch's own
 ``CUDAAllocatorConfig`` parser refuses it at start-up.
 
-The rules, from ``c10/cuda/CUDAAllocatorConfig.cpp``:
+The rules, from ``c10/cuda/CUDAAllocatorConfig.cpp`` (``c10/core/AllocatorConfig.cpp`` in
+recent releases):
 
 - ``max_split_size_mb:N``: N must be above 20 (``kLargeBuffer``, 20 MiB); blocks of N MiB or
   more are never split.
 - ``roundup_power2_divisions:N`` (N a power of two) for every size, or the per-interval form
   ``[256:1,512:2,>:4]``: each key a power of two in MiB naming the interval [key, 2·key); the
   first key's value also covers every smaller interval, ``>`` every interval after the last
-  key; intervals between two keys keep 0 (no rounding). 16 intervals, 1 MiB to 32 GiB.
-- ``garbage_collection_threshold:F``, 0 < F < 1.
+  key; intervals between two keys keep 0 (no rounding); a count is 0 or a power of two. 16
+  intervals: below 2 MiB, [2, 4) MiB, ... [32 GiB, and up). (PyTorch up to 2.8 lets ``>``
+  overwrite the last key's own interval too; :func:`format_divisions` writes strings that
+  read the same either way, and a snapshot records the table itself.)
+- ``garbage_collection_threshold:F``, 0 < F < 1: the model frees cached segments once
+  reserved passes F of the allowed maximum (``options["garbage_collection_threshold"]``).
+- ``per_process_memory_fraction:F``, 0 < F <= 1: the allowed maximum is F of the capacity
+  (``options["memory_fraction"]``; ``torch.cuda.set_per_process_memory_fraction`` sets the
+  same). PyTorch runs its garbage collection only under such a fraction; the model takes
+  the replay's capacity times the fraction (1 when not given) as the allowed maximum.
 - ``expandable_segments``, ``release_lock_on_cudamalloc``, ``pinned_use_cuda_host_register``,
   ``pinned_use_background_threads``: ``True`` or ``False``.
 """
@@ -29,11 +38,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from gpumm.errors import InvalidArgumentError
 
-__all__ = ["AllocConf", "parse_alloc_conf", "from_environment", "INTERVALS", "MODELLED"]
+__all__ = ["AllocConf", "parse_alloc_conf", "from_environment", "format_divisions",
+           "options_from_settings", "INTERVALS", "MODELLED"]
 
 MiB = 1 << 20
 #: PyTorch's ``kLargeBuffer``: max_split_size_mb must be above this many MiB
@@ -41,7 +51,8 @@ _LARGE_BUFFER_MB = 20
 #: per-interval division counts: 1 MiB, 2 MiB, ... 32 GiB (``kRoundUpPowerOfTwoIntervals``)
 INTERVALS = 16
 #: the options gpumm's caching model acts on
-MODELLED = ("expandable_segments", "max_split_size", "roundup_power2_divisions")
+MODELLED = ("expandable_segments", "max_split_size", "roundup_power2_divisions",
+            "garbage_collection_threshold", "memory_fraction")
 
 # Keys PyTorch accepts that change nothing on the device's memory (host pinning, locking).
 _HOST_ONLY = {
@@ -68,7 +79,7 @@ class AllocConf:
     settings: Dict[str, Any] = field(default_factory=dict)
     #: settings gpumm's caching model does not act on: key -> why it matters (or not)
     unmodelled: Dict[str, str] = field(default_factory=dict)
-    #: roundup_power2_divisions per interval (1 MiB, 2 MiB, ... 32 GiB), when given
+    #: roundup_power2_divisions per interval (below 2 MiB, 2 MiB, ... 32 GiB), when given
     divisions: Optional[List[int]] = None
 
     def describe(self) -> List[str]:
@@ -144,9 +155,9 @@ def _divisions(value: str) -> List[int]:
             raise InvalidArgumentError(f"PYTORCH_CUDA_ALLOC_CONF: {key}: expected "
                                        f"'size_mb:divisions' or '>:divisions', got {item!r}")
         n = _int(key, n_text.strip())
-        if not _pow2(n):
-            raise InvalidArgumentError(f"PYTORCH_CUDA_ALLOC_CONF: {key}: divisions must be a "
-                                       f"power of 2, got {n} in {item!r}")
+        if n and not _pow2(n):
+            raise InvalidArgumentError(f"PYTORCH_CUDA_ALLOC_CONF: {key}: divisions must be 0 "
+                                       f"or a power of 2, got {n} in {item!r}")
         size = size.strip()
         if size == ">":
             for i in range(last + 1, INTERVALS):
@@ -195,31 +206,19 @@ def parse_alloc_conf(text: Optional[str]) -> AllocConf:
             div = _divisions(value)
             conf.settings[key] = value
             conf.divisions = div
-            if len(set(div)) == 1:
-                conf.options[key] = div[0]
-            else:
-                conf.unmodelled[key] = (
-                    f"{value}: the model takes one division count for every size; per-interval "
-                    "counts are not replayed (sizes are rounded in 512 B steps instead)"
-                )
+            conf.options[key] = _division_option(div)
         elif key == "garbage_collection_threshold":
             f = _float(key, value)
             if not 0.0 < f < 1.0:
                 raise InvalidArgumentError(f"PYTORCH_CUDA_ALLOC_CONF: {key} must be between 0 "
                                            f"and 1 (exclusive), got {value}")
-            conf.settings[key] = f
-            conf.unmodelled[key] = (
-                f"{f:g}: PyTorch frees cached blocks once reserved passes {f:.0%} of the memory "
-                "fraction; the model does not, so its peak reserved is an upper bound"
-            )
+            conf.settings[key] = conf.options[key] = f
         elif key == "per_process_memory_fraction":
             f = _float(key, value)
             if not 0.0 < f <= 1.0:
                 raise InvalidArgumentError(f"PYTORCH_CUDA_ALLOC_CONF: {key} must be in (0, 1], "
                                            f"got {value}")
-            conf.settings[key] = f
-            conf.unmodelled[key] = (f"{f:g}: caps what PyTorch may reserve at that share of the "
-                                    "device; pass the capacity it leaves (--capacity) instead")
+            conf.settings[key] = conf.options["memory_fraction"] = f
         elif key == "max_non_split_rounding_mb":
             conf.settings[key] = _int(key, value)
             conf.unmodelled[key] = (f"{value} MiB: how far above a request an unsplittable "
@@ -245,3 +244,61 @@ def from_environment(env: Optional[Dict[str, str]] = None) -> AllocConf:
     e: Union[Dict[str, str], "os._Environ[str]"] = os.environ if env is None else env
     text = e.get("PYTORCH_CUDA_ALLOC_CONF") or e.get("PYTORCH_ALLOC_CONF") or ""
     return parse_alloc_conf(text)
+
+
+def _division_option(div: List[int]) -> Union[int, List[int]]:
+    """The model's ``roundup_power2_divisions``: one count when every interval has it, else
+    the list of 16."""
+    return div[0] if len(set(div)) == 1 else list(div)
+
+
+def format_divisions(div: Union[int, Sequence[int]]) -> str:
+    """``roundup_power2_divisions``'s value for a count or a list of 16 (one per interval):
+    ``N`` when every interval has it, else the per-interval form: the first run's count at
+    its last interval's key, then each nonzero count at its interval's key, ``>`` for a last
+    run (of a nonzero count) that starts before the last interval. The
+    string reads back the same (:func:`parse_alloc_conf`), in PyTorch before and after 2.9.
+
+    >>> format_divisions([1] * 9 + [2, 4] + [8] * 5)
+    '[256:1,512:2,1024:4,2048:8,>:8]'
+    """
+    t = [int(div)] * INTERVALS if isinstance(div, int) else [int(d) for d in div]
+    if len(t) != INTERVALS:
+        raise InvalidArgumentError(f"roundup_power2_divisions: {len(t)} counts given, one per "
+                                   f"interval ({INTERVALS}) expected")
+    bad = [d for d in t if d and not _pow2(d)]
+    if bad:
+        raise InvalidArgumentError(f"roundup_power2_divisions: {bad[0]} is not 0 or a power "
+                                   "of 2")
+    if len(set(t)) == 1:
+        return str(t[0]) if t[0] else "[1:0]"  # the one-number form refuses 0
+    last = max(i for i in range(INTERVALS) if i == 0 or t[i] != t[i - 1])  # the last run
+    first = next(i for i in range(INTERVALS) if t[i] != t[0]) - 1  # the first run's end
+    parts = [f"{1 << first}:{t[0]}"]
+    parts += [f"{1 << i}:{t[i]}" for i in range(first + 1, last + 1)
+              if t[i] != 0 or (i == last and last == INTERVALS - 1)]
+    if last < INTERVALS - 1 and t[last]:  # a last run of 0 is what unnamed intervals keep
+        parts.append(f">:{t[last]}")
+    return "[" + ",".join(parts) + "]"
+
+
+def options_from_settings(settings: Dict[str, Any]) -> Dict[str, Any]:
+    """The model's options for what a snapshot's ``allocator_settings`` record of the GC
+    threshold, the memory fraction and the division table (per interval, keyed by MiB):
+    only those that differ from PyTorch's defaults."""
+    out: Dict[str, Any] = {}
+    gc = settings.get("garbage_collection_threshold")
+    if isinstance(gc, (int, float)) and not isinstance(gc, bool) and 0 < gc < 1:
+        out["garbage_collection_threshold"] = float(gc)
+    frac = settings.get("per_process_memory_fraction")
+    if isinstance(frac, (int, float)) and not isinstance(frac, bool) and 0 < frac < 1:
+        out["memory_fraction"] = float(frac)
+    div = settings.get("roundup_power2_divisions")
+    if isinstance(div, dict) and len(div) == INTERVALS:
+        try:
+            table = [int(v) for _, v in sorted(div.items(), key=lambda kv: int(kv[0]))]
+        except (TypeError, ValueError):
+            return out
+        if all(d == 0 or _pow2(d) for d in table):
+            out["roundup_power2_divisions"] = _division_option(table)
+    return out

@@ -26,7 +26,9 @@ def register(subparsers: Any) -> None:
     tp = subparsers.add_parser("tune", help="rank PyTorch's allocator settings for a trace by "
                                "exact replay (PYTORCH_CUDA_ALLOC_CONF)")
     tp.add_argument("trace", help="PyTorch snapshot pickle, RMM log CSV, or profiler JSON")
-    tp.add_argument("--capacity", help="device capacity, e.g. 24GiB (default: an H100's)")
+    tp.add_argument("--capacity", help="device capacity, e.g. 24GiB (default: an H100's); "
+                    "garbage_collection_threshold is searched only with it (PyTorch's allowed "
+                    "maximum: the memory fraction times the device's memory)")
     tp.add_argument("--gpu", type=int, metavar="N", help="device N of a snapshot only "
                     "(default: every device, the one with a recorded OOM first)")
     tp.add_argument("--top", type=int, default=12, help="rows of the table (default 12)")
@@ -91,6 +93,13 @@ def cmd_tune(args: argparse.Namespace, out: Console) -> int:
                       f"reserved {_size(best.peak_reserved)} vs {_size(rec.peak_reserved)}, "
                       f"smallest device {_size(best.min_capacity)} vs {_size(rec.min_capacity)}",
                       highlight=False)
+        if "garbage_collection_threshold" in best.alloc_conf:
+            out.print("  PyTorch collects only under a memory fraction: call torch.cuda."
+                      "set_per_process_memory_fraction(F) so that F x the device's memory is "
+                      f"{format_size(r.capacity)} (or add per_process_memory_fraction:F, "
+                      "PyTorch 2.9 and later, F below 1)", highlight=False)
+        for why in r.skipped:
+            out.print(f"  not searched: {why}", highlight=False)
         if any(c.flag for c in r.candidates):
             out.print("  flagged: max_split_size_mb with expandable_segments can grow PyTorch's "
                       "reserve without bound (pytorch/pytorch#123548); ranked last.",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from gpumm import _core
+from gpumm.alloc_conf import options_from_settings
 from gpumm.arch import get_device
 from gpumm.errors import GpummError, InvalidArgumentError
 from gpumm.traces import read_traces
@@ -167,6 +168,7 @@ def recorded_options(trace: Trace, overrides: Optional[Dict[str, Any]]) -> Dict[
         vals = {v for v in div.values() if isinstance(v, int)}
         if len(vals) == 1:
             opts["roundup_power2_divisions"] = vals.pop()
+    opts.update(options_from_settings(s))  # GC threshold, memory fraction, per-interval table
     opts.update(overrides or {})
     return opts
 

@@ -206,7 +206,8 @@ def tune_block(result: Optional[Any], rows: int = 6) -> str:
         note = "recorded" if c.recorded else ""
         if c.flag:
             note += " known bad (pytorch/pytorch#123548)"
-        out.append(f"<tr><td>{html.escape(c.alloc_conf or '(defaults)')}</td>"
+        conf = html.escape(c.alloc_conf or "(defaults)")
+        out.append(f"<tr><td style='white-space:normal;overflow-wrap:anywhere'>{conf}</td>"
                    f"<td>{size(c.peak_reserved)}</td><td>{size(c.min_capacity)}</td>"
                    f"<td>{c.ooms}</td><td>{html.escape(note or c.error or '')}</td></tr>")
     g = result.gpumm

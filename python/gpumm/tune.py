@@ -7,19 +7,24 @@ the variable does in PyTorch), through :func:`gpumm.replay.run_model`, the routi
 smallest device, byte for byte. The replays run on a thread pool over every core (the core
 releases the GIL).
 
-Searched: ``expandable_segments``, ``max_split_size_mb`` and ``roundup_power2_divisions`` (one
-division count for every size). The caching model does not follow
-``garbage_collection_threshold`` or the per-interval form of ``roundup_power2_divisions``;
-they are not searched.
+Searched: ``expandable_segments``, ``max_split_size_mb``, ``roundup_power2_divisions`` (one
+count for every size, and a few per-interval tables), and ``garbage_collection_threshold``
+(0.6 and 0.8). The threshold acts at a share of PyTorch's allowed maximum, so its rows mean
+something only at a known capacity: they are searched when ``capacity`` is given (the rows
+take it as the allowed maximum: in PyTorch, the memory fraction times the device's memory,
+``torch.cuda.set_per_process_memory_fraction``, which PyTorch needs before it collects), and
+left out, with a note in :attr:`TuneResult.skipped`, when it is not (a trace does not record
+its device's size).
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from gpumm.alloc_conf import format_divisions
 from gpumm.arch import get_device
 from gpumm.replay import prepare, recorded_options, run_model
 from gpumm.traces.base import Trace
@@ -28,9 +33,11 @@ from gpumm.units import MiB, SizeLike, parse_size
 __all__ = ["DEFAULTS", "Candidate", "alloc_conf_text", "options_from_conf", "candidates", "tune",
            "BAD_COMBINATION"]
 
-#: PyTorch's defaults for the settings the caching model follows (max_split_size 0: none)
+#: PyTorch's defaults for the settings the caching model follows (max_split_size 0: none;
+#: garbage_collection_threshold 0: off; memory_fraction 1: all of the capacity)
 DEFAULTS: Dict[str, Any] = {"expandable_segments": False, "max_split_size": 0,
-                            "roundup_power2_divisions": 0}
+                            "roundup_power2_divisions": 0, "garbage_collection_threshold": 0.0,
+                            "memory_fraction": 1.0}
 
 #: why a candidate is flagged (max_split_size_mb with expandable segments)
 BAD_COMBINATION = ("max_split_size_mb with expandable_segments: PyTorch's reserve can grow "
@@ -39,6 +46,14 @@ BAD_COMBINATION = ("max_split_size_mb with expandable_segments: PyTorch's reserv
 _SPLITS_MB = (0, 64, 128, 256, 512, 1024, 2048)
 #: (1 is no rounding, as 0: PyTorch rounds only with more than one division)
 _DIVISIONS = (0, 2, 4, 8, 16, 32)
+#: per-interval tables (below 2 MiB, 2 MiB, ... 32 GiB and up): PyTorch's documented shape
+#: (coarser steps for larger sizes), finer steps below 64 MiB, rounding only below 16 MiB,
+#: rounding only from 16 MiB
+_TABLES: Tuple[List[int], ...] = ([1] * 9 + [2, 4] + [8] * 5, [8] * 6 + [4] * 3 + [2] * 7,
+                                  [4] * 4 + [0] * 12, [0] * 4 + [4] * 12)
+_GC_THRESHOLDS = (0.6, 0.8)
+#: split sizes the GC thresholds are tried with (MiB; 0: none)
+_GC_SPLITS_MB = (0, 256, 512)
 
 
 def options_from_conf(text: str) -> Dict[str, Any]:
@@ -49,14 +64,13 @@ def options_from_conf(text: str) -> Dict[str, Any]:
     if text.strip():
         from gpumm.alloc_conf import parse_alloc_conf
 
-        got = parse_alloc_conf(text)  # an AllocConf: its ``options`` are the model's
-        opts.update(getattr(got, "options", got))
+        opts.update(parse_alloc_conf(text).options)
     return opts
 
 
 def alloc_conf_text(opts: Dict[str, Any]) -> str:
     """The ``PYTORCH_CUDA_ALLOC_CONF`` string for caching options (defaults left out; "" when
-    all are defaults)."""
+    all are defaults); :func:`options_from_conf` reads it back to the same options."""
     parts = []
     if opts.get("expandable_segments"):
         parts.append("expandable_segments:True")
@@ -65,21 +79,34 @@ def alloc_conf_text(opts: Dict[str, Any]) -> str:
         parts.append(f"max_split_size_mb:{split // MiB}")
     div = opts.get("roundup_power2_divisions") or 0
     if div:
-        parts.append(f"roundup_power2_divisions:{div}")
+        parts.append(f"roundup_power2_divisions:{format_divisions(div)}")
+    gc = opts.get("garbage_collection_threshold") or 0.0
+    if gc:
+        parts.append(f"garbage_collection_threshold:{float(gc)!r}")
+    frac = opts.get("memory_fraction", 1.0)
+    if frac < 1.0:
+        parts.append(f"per_process_memory_fraction:{float(frac)!r}")
     return ",".join(parts)
 
 
-def candidates() -> List[Dict[str, Any]]:
-    """The settings searched (54 option dicts): without expandable segments every
-    ``max_split_size_mb`` (none, 64 ... 2048) with every ``roundup_power2_divisions`` (none, 2
-    ... 32); with them every division count, and each split size once (the known-bad
-    combination, flagged)."""
-    out = [{"expandable_segments": False, "max_split_size": m * MiB, "roundup_power2_divisions": d}
+def candidates(gc: bool = True) -> List[Dict[str, Any]]:
+    """The settings searched (68 option dicts; 62 with ``gc`` False): without expandable
+    segments every ``max_split_size_mb`` (none, 64 ... 2048) with every
+    ``roundup_power2_divisions`` (none, 2 ... 32); with them every division count, and each
+    split size once (the known-bad combination, flagged); each per-interval table with and
+    without them; and, with ``gc``, ``garbage_collection_threshold`` 0.6 and 0.8 with no split
+    size, 256 and 512 MiB."""
+    base = dict(DEFAULTS)
+    out = [dict(base, max_split_size=m * MiB, roundup_power2_divisions=d)
            for m in _SPLITS_MB for d in _DIVISIONS]
-    out += [{"expandable_segments": True, "max_split_size": 0, "roundup_power2_divisions": d}
-            for d in _DIVISIONS]
-    out += [{"expandable_segments": True, "max_split_size": m * MiB, "roundup_power2_divisions": 0}
+    out += [dict(base, expandable_segments=True, roundup_power2_divisions=d) for d in _DIVISIONS]
+    out += [dict(base, expandable_segments=True, max_split_size=m * MiB)
             for m in _SPLITS_MB if m]
+    out += [dict(base, expandable_segments=e, roundup_power2_divisions=list(t))
+            for t in _TABLES for e in (False, True)]
+    if gc:
+        out += [dict(base, max_split_size=m * MiB, garbage_collection_threshold=g)
+                for g in _GC_THRESHOLDS for m in _GC_SPLITS_MB]
     return out
 
 
@@ -126,6 +153,8 @@ class TuneResult:
     capacity: int
     peak_live: int
     device: int
+    #: settings left out of the search, each with why
+    skipped: List[str] = field(default_factory=list)
 
     @property
     def best(self) -> Candidate:
@@ -147,29 +176,38 @@ def tune(trace: Trace, capacity: Optional[SizeLike] = None, device: str = "h100"
          settings: Optional[Sequence[Dict[str, Any]]] = None) -> TuneResult:
     """Replays ``trace`` through the caching model with each of ``settings`` (default
     :func:`candidates`, plus the trace's recorded setting) at ``capacity`` (default
-    ``device``'s), on ``workers`` threads (default: every core)."""
+    ``device``'s), on ``workers`` threads (default: every core). With no ``capacity`` the
+    default settings leave out the GC thresholds (see the module's docs) and say so in
+    ``skipped``."""
     cap = parse_size(capacity) if capacity is not None else get_device(device).vidmem
+    skipped = [] if capacity is not None or settings is not None else [
+        "garbage_collection_threshold: it acts at a share of the allowed maximum, and the "
+        "trace does not record its device's size; give the capacity (--capacity) to search it"]
     unit = parse_size(step) if step is not None else None  # None: replay's default
     p = prepare(trace)
     rec_opts = dict(DEFAULTS)
     rec_opts.update(recorded_options(trace, None))
     if rec_opts.get("max_split_size", 0) < 0:
         rec_opts["max_split_size"] = 0
-    todo = [dict(s) for s in (settings if settings is not None else candidates())]
+    todo = [dict(DEFAULTS, **o) for o in (settings if settings is not None
+                                          else candidates(gc=capacity is not None))]
     if rec_opts not in todo:
         todo.append(rec_opts)
 
     bound = _largest_block(p)
 
-    def key(opts: Dict[str, Any]) -> Tuple[bool, int, int]:
+    def key(opts: Dict[str, Any]) -> Tuple[Any, ...]:
         """Settings the model cannot tell apart share a key: without expandable segments, a
         split size above every request and segment compares as none does."""
         split = opts["max_split_size"] or 0
         if not opts["expandable_segments"] and split > bound:
             split = 0
-        return (opts["expandable_segments"], split, opts["roundup_power2_divisions"])
+        div = opts["roundup_power2_divisions"]
+        return (opts["expandable_segments"], split,
+                tuple(div) if isinstance(div, list) else div,
+                opts["garbage_collection_threshold"], opts["memory_fraction"])
 
-    distinct: Dict[Tuple[bool, int, int], Dict[str, Any]] = {}
+    distinct: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
     for o in todo:
         distinct.setdefault(key(o), o)
     n = workers or os.cpu_count() or 1
@@ -187,4 +225,4 @@ def tune(trace: Trace, capacity: Optional[SizeLike] = None, device: str = "h100"
     done = [one(o) for o in todo]
     ranked = sorted(done, key=_rank_key)
     recorded = next(c for c in ranked if c.recorded)
-    return TuneResult(ranked, recorded, fut_g.result(), cap, p.peak_live, trace.device)
+    return TuneResult(ranked, recorded, fut_g.result(), cap, p.peak_live, trace.device, skipped)

@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 
 use crate::error::Error;
-use crate::replay::{self as engine, Action, CachingOptions, Event, StartState};
+use crate::replay::{
+    self as engine, Action, CachingOptions, Event, StartState, DIVISION_INTERVALS,
+};
 
 thread_local! {
     /// Set while this thread runs a replay whose panics are caught and reported.
@@ -101,7 +103,11 @@ fn events(py: Python<'_>, arrays: [&Bound<'_, PyAny>; 5]) -> PyResult<Vec<Event>
         .collect()
 }
 
-fn caching_options(opts: Option<&Bound<'_, PyDict>>) -> PyResult<CachingOptions> {
+/// The caching model's options from a dict: `expandable_segments`, `max_split_size` (0 or
+/// less: none), `roundup_power2_divisions` (one count, or a list of one per interval),
+/// `garbage_collection_threshold` (0: off), `memory_fraction` (the allowed maximum's share of
+/// the capacity). Values out of range are an `InvalidArgumentError`.
+fn caching_options(py: Python<'_>, opts: Option<&Bound<'_, PyDict>>) -> PyResult<CachingOptions> {
     let mut o = CachingOptions::default();
     if let Some(d) = opts {
         if let Some(v) = d.get_item("expandable_segments")? {
@@ -113,9 +119,40 @@ fn caching_options(opts: Option<&Bound<'_, PyDict>>) -> PyResult<CachingOptions>
             o.max_split_size = if v <= 0 { u64::MAX } else { v as u64 };
         }
         if let Some(v) = d.get_item("roundup_power2_divisions")? {
-            o.roundup_power2_divisions = v.extract()?;
+            if let Ok(n) = v.extract::<u64>() {
+                o.roundup_power2_divisions = n;
+            } else {
+                let t: Vec<u64> = v.extract().map_err(|_| {
+                    to_pyerr(
+                        py,
+                        Error::InvalidArgument(
+                            "roundup_power2_divisions: a division count, or a list of one \
+                             per interval (16)"
+                                .into(),
+                        ),
+                    )
+                })?;
+                let t: [u64; DIVISION_INTERVALS] = t.try_into().map_err(|t: Vec<u64>| {
+                    to_pyerr(
+                        py,
+                        Error::InvalidArgument(format!(
+                            "roundup_power2_divisions: {} counts given, one per interval \
+                             ({DIVISION_INTERVALS}) expected",
+                            t.len()
+                        )),
+                    )
+                })?;
+                o.divisions_by_interval = Some(t);
+            }
+        }
+        if let Some(v) = d.get_item("garbage_collection_threshold")? {
+            o.garbage_collection_threshold = v.extract()?;
+        }
+        if let Some(v) = d.get_item("memory_fraction")? {
+            o.memory_fraction = v.extract()?;
         }
     }
+    o.check().map_err(|e| to_pyerr(py, e))?;
     Ok(o)
 }
 
@@ -141,7 +178,7 @@ pub fn replay<'py>(
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let ev = events(py, [actions, ids, sizes, streams, addrs])?;
-    let opts = caching_options(options)?;
+    let opts = caching_options(py, options)?;
     let start = start
         .map(|(segments, blocks)| StartState { segments, blocks })
         .unwrap_or_default();
@@ -232,7 +269,7 @@ pub fn replay_min_capacity(
 ) -> PyResult<Option<u64>> {
     let step = step.unwrap_or_else(|| engine::auto_step(peak_live));
     let ev = events(py, [actions, ids, sizes, streams, addrs])?;
-    let opts = caching_options(options)?;
+    let opts = caching_options(py, options)?;
     engine::model_by_name(model, hi.max(step), opts).py_err(py)?; // a clear error for a bad name
     if step == 0 {
         return Err(to_pyerr(

@@ -20,7 +20,7 @@ mod proptests;
 mod tests;
 
 pub use engine::{auto_step, current_event, min_capacity, run, run_checked, EventCheck};
-pub use models::{model_by_name, CachingOptions, MODEL_NAMES};
+pub use models::{model_by_name, CachingOptions, DIVISION_INTERVALS, MODEL_NAMES};
 
 /// What happened, in trace order.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

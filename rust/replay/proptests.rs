@@ -156,12 +156,20 @@ fn options() -> impl Strategy<Value = CachingOptions> {
         any::<bool>(),
         prop_oneof![3 => Just(u64::MAX), 1 => (1u64..64).prop_map(|k| k * MIB)],
         prop_oneof![Just(0u64), Just(4u64)],
+        prop_oneof![
+            Just(None),
+            Just(Some([8, 4, 0, 2, 0, 0, 0, 1, 16, 2, 2, 2, 2, 2, 2, 2]))
+        ],
+        prop_oneof![3 => Just(0.0), 1 => Just(0.3), 1 => Just(0.8)],
     )
-        .prop_map(|(e, m, d)| CachingOptions {
+        .prop_map(|(e, m, d, t, gc)| CachingOptions {
             expandable_segments: e,
             max_split_size: m,
             roundup_power2_divisions: d,
+            divisions_by_interval: t,
+            garbage_collection_threshold: gc,
             recorded_expandable: e,
+            ..CachingOptions::default()
         })
 }
 

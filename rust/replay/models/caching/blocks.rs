@@ -15,6 +15,9 @@ pub(super) struct CBlock {
     pub mapped: bool,
     pub stream: u64,
     pub small: bool,
+    /// The model's count of large-pool requests when the block last became free (its age
+    /// for the garbage collection is the count now less this)
+    pub since: u64,
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -189,6 +192,7 @@ impl Blocks {
                 mapped,
                 stream: seg.stream,
                 small: seg.small,
+                since: 0,
             },
         );
     }

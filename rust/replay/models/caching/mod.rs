@@ -3,7 +3,10 @@
 
 mod blocks;
 mod expandable;
+mod gc;
 mod preload;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 
@@ -45,19 +48,25 @@ pub struct Caching {
     map_hints: VecDeque<(u64, u64)>,
     /// where the next segment of the model's own choosing goes
     next_fresh: u64,
+    /// requests served from the large pool so far: the clock of the garbage collection's
+    /// block ages (PyTorch's `get_free_blocks_call_count`)
+    large_requests: u64,
 }
 
 impl Caching {
+    /// The model at `capacity` bytes of device memory; it may hold the allowed maximum of
+    /// them (`opts.memory_fraction` of the capacity, all of it by default).
     pub fn new(capacity: u64, opts: CachingOptions) -> Self {
         Caching {
             opts,
             capacity,
-            dev: DeviceMem::new(capacity),
+            dev: DeviceMem::new(opts.allowed_maximum(capacity)),
             b: Blocks::default(),
             by_id: FxHashMap::default(),
             hints: VecDeque::new(),
             map_hints: VecDeque::new(),
             next_fresh: FRESH_BASE,
+            large_requests: 0,
         }
     }
 
@@ -66,13 +75,14 @@ impl Caching {
         *self = Caching::new(self.capacity, self.opts);
     }
 
-    /// `round_size`: 512 B steps, or `roundup_power2_divisions` steps between powers of two.
-    /// Example: 1200 B with 4 divisions → 1280 B.
+    /// `round_size`: 512 B steps, or `roundup_power2_divisions` steps between powers of two
+    /// (the count of the request's interval, in the per-interval form). Example: 1200 B with
+    /// 4 divisions → 1536 B (PyTorch rounds by divisions only above 512 B × divisions).
     pub fn round_size(&self, size: u64) -> u64 {
         if size <= K_MIN_BLOCK {
             return K_MIN_BLOCK;
         }
-        let div = self.opts.roundup_power2_divisions;
+        let div = self.opts.divisions(size);
         if div > 1 && size > K_MIN_BLOCK.saturating_mul(div) {
             if size.is_power_of_two() {
                 return size;
@@ -278,9 +288,15 @@ impl Model for Caching {
         self.free(id);
         let r = self.round_size(size);
         let small = r <= K_SMALL_SIZE;
+        if !small {
+            self.large_requests += 1;
+        }
         let found = self
             .find_free(stream, r, small)
-            .or_else(|| self.alloc_block(r, stream, small))
+            .or_else(|| {
+                self.garbage_collect();
+                self.alloc_block(r, stream, small)
+            })
             .or_else(|| {
                 self.release_available(r, stream, small)
                     .then(|| self.alloc_block(r, stream, small))
@@ -301,6 +317,7 @@ impl Model for Caching {
         if b.size > r && self.should_split(&b, r) {
             let rest = CBlock {
                 size: b.size - r,
+                since: self.large_requests,
                 ..b
             };
             self.b.insert(addr + r, rest);
@@ -320,6 +337,7 @@ impl Model for Caching {
             return;
         };
         b.allocated = false;
+        b.since = self.large_requests;
         self.b.insert_merged(addr, b);
     }
 

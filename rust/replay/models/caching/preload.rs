@@ -97,6 +97,7 @@ impl Caching {
             mapped: true,
             stream: s.stream,
             small: s.small,
+            since: 0,
         };
         let mut cur = at;
         let inside: Vec<(u64, Live)> = live.range(at..end).map(|(a, v)| (*a, *v)).collect();
@@ -186,5 +187,6 @@ fn unmapped(seg: u64, size: u64, s: &Segment) -> CBlock {
         mapped: false,
         stream: s.stream,
         small: s.small,
+        since: 0,
     }
 }
