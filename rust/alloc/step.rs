@@ -82,6 +82,8 @@ pub struct StepCounts {
     pub misses: u64,
     pub rebuilds: u64,
     pub arena_bytes: u64,
+    /// The planner's lower bound for the arena: the peak of the planned entries' live bytes.
+    pub bound: u64,
     pub entries: u64,
     pub served_steps: u64,
 }
@@ -172,6 +174,7 @@ impl Pool {
             misses: s.misses,
             rebuilds: s.rebuilds,
             arena_bytes: s.plan.as_ref().map_or(0, |p| p.bytes),
+            bound: s.plan.as_ref().map_or(0, |p| p.bound),
             entries: s.plan.as_ref().map_or(0, |p| p.entries.len() as u64),
             served_steps: s.served_steps,
         }
@@ -314,6 +317,15 @@ impl Pool {
                     s.clock += 1;
                 }
             }
+        }
+    }
+
+    /// Slot `a` is freed on a stream: a recorded request ends here (its memory is reused in
+    /// stream order; a served entry stays held until the fence completes).
+    #[cold]
+    pub(super) fn step_freeing(&mut self, a: u32) {
+        if self.steps.plan.is_none() {
+            self.step_released(a);
         }
     }
 
