@@ -136,6 +136,8 @@ pub struct PoolStats {
     pub plan_misses: u64,
     pub plan_rebuilds: u64,
     pub plan_arena_bytes: u64,
+    /// The planner's lower bound for that arena (the peak of its entries' live bytes).
+    pub plan_bound_bytes: u64,
 }
 
 impl Pool {
@@ -195,6 +197,7 @@ impl Pool {
             plan_misses: self.steps.misses,
             plan_rebuilds: self.steps.rebuilds,
             plan_arena_bytes: self.steps.plan.as_ref().map_or(0, |p| p.bytes),
+            plan_bound_bytes: self.steps.plan.as_ref().map_or(0, |p| p.bound),
             ..PoolStats::default()
         };
         s.pages_free = self.free_pages.free_units();

@@ -450,6 +450,7 @@ impl PyPool {
         d.set_item("plan_misses", s.plan_misses)?;
         d.set_item("plan_rebuilds", s.plan_rebuilds)?;
         d.set_item("plan_arena_bytes", s.plan_arena_bytes)?;
+        d.set_item("plan_bound_bytes", s.plan_bound_bytes)?;
         Ok(d)
     }
 
