@@ -66,10 +66,12 @@ fn steps(c: &mut Criterion) {
     }
     let before = p.step_counts();
     stepped(&mut p, &sizes, &mut live);
-    assert_eq!(p.step_counts().hits - before.hits, N as u64, "every request served");
-    g.bench_function("served", |b| {
-        b.iter(|| stepped(&mut p, &sizes, &mut live))
-    });
+    assert_eq!(
+        p.step_counts().hits - before.hits,
+        N as u64,
+        "every request served"
+    );
+    g.bench_function("served", |b| b.iter(|| stepped(&mut p, &sizes, &mut live)));
     let before = p.step_counts();
     stepped(&mut p, &departing, &mut live);
     let after = p.step_counts();

@@ -7,6 +7,7 @@ import pytest
 
 import gpumm
 from gpumm.units import KiB, MiB
+from shared_traces import TRACES, needs_shared
 
 
 def training_step(pool, sizes=(3 * MiB, MiB, 5 * MiB, 4 * KiB, 2 * MiB + 512, 700 * KiB),
@@ -199,3 +200,38 @@ def test_steps_pair_and_close(big_pool):
     assert kept[0].ptr
     assert pool.close() == 1
     assert pool.stats()["reserved_bytes"] == 0
+
+
+@needs_shared
+def test_a_corpus_trace_is_served_from_its_plan():
+    """resnet50_train repeats its step twice (the period of its sizes, found as
+    benches/step_traces.py does): with one step recorded, the second is served from the plan,
+    and the plan's arena is within 1 % of the planner's bound."""
+    import numpy as np
+
+    from gpumm.traces import read_rmm_csv
+
+    events = [e for e in read_rmm_csv(TRACES / "resnet50_train.csv.gz").events
+              if e.action in ("alloc", "free")]
+    sizes = np.array([e.size for e in events if e.action == "alloc"])
+    half = len(sizes) // 2
+    assert (sizes[:half] == sizes[half:2 * half]).mean() > 0.99, "two equal steps"
+    pool = gpumm.MemoryPool(gpumm.Device(vidmem="80GiB"))
+    pool.set_step_recording(1)
+    live, n = {}, 0
+    pool._step_begin()
+    for e in events:
+        if e.action == "alloc":
+            if n == half:
+                pool._step_end()
+                pool._step_begin()
+            live[e.ptr] = pool.alloc(e.size, e.stream)
+            n += 1
+        elif e.ptr in live:
+            live.pop(e.ptr).free()
+    pool._step_end()
+    s = pool.stats()
+    assert s["plan_hits"] + s["plan_misses"] <= len(sizes) - half
+    assert s["plan_hits"] >= 0.95 * (len(sizes) - half), s
+    assert s["plan_arena_bytes"] <= 1.01 * s["plan_bound_bytes"]
+    pool.validate()

@@ -10,8 +10,12 @@
 //!   and stream), or the first match among the next `LOOKAHEAD` entries (the cursor then
 //!   jumps past it: a request dropped from the sequence costs one miss, not the rest of the
 //!   step). A matched planned entry is served at `arena base + offset` when it is *safe*: no
-//!   entry whose address range overlaps it holds memory now (its overlap predecessors in the
-//!   step, precomputed, and the entries still held when the step began). Anything else takes
+//!   entry whose address range overlaps it holds memory now. Its overlap predecessors are
+//!   the entries the plan frees before it and puts over its addresses; each planned entry's
+//!   due position (the first entry made after its planned free) is precomputed, and an entry
+//!   still held at its due position (freed late: a departure) or when the step began is
+//!   *late*, checked against each request by address; one held and not yet due is, by the
+//!   plan, somewhere else. O(1) while the step follows the plan. Anything else takes
 //!   the pool's normal path: a request that matches nothing (another size, stream or order),
 //!   an entry that is not safe, a movable request.
 //! - *Dropping.* A plan whose two last served steps hit under half of their requests is
@@ -196,7 +200,7 @@ impl Pool {
         let saved = (self.steps.cursor, self.steps.step_misses, self.steps.misses);
         let planned = self.step_match(req);
         if let Some(k) = planned {
-            if self.step_safe(k) && !req.movable && !self.closed {
+            if self.step_safe(k) && !req.movable {
                 return Ok(self.step_serve(k, req));
             }
         }
@@ -258,8 +262,8 @@ impl Pool {
     /// Whether planned entry `k` may be served now: neither it nor an entry overlapping it in
     /// address holds memory.
     #[inline]
-    fn step_safe(&self, k: usize) -> bool {
-        let p = self.steps.plan.as_ref().expect("serving");
+    fn step_safe(&mut self, k: usize) -> bool {
+        let p = self.steps.plan.as_mut().expect("serving");
         p.free_to_serve(k)
     }
 
@@ -301,7 +305,7 @@ impl Pool {
 
     /// Slot `a` (live or freeing, its generation not yet bumped) gives its memory back: the
     /// end of a recorded request, or a plan entry no longer held.
-    #[cold]
+    #[inline]
     pub(super) fn step_released(&mut self, a: u32) {
         let x = &self.allocs[a as usize];
         let s = &mut self.steps;

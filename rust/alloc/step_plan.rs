@@ -18,9 +18,9 @@ pub(super) struct StepEntry {
     pub(super) stream: u64,
     /// Offset in the arena (`UNPLANNED`: served by the normal path).
     pub(super) off: u64,
-    /// Its overlap predecessors: `preds[pred_lo..pred_hi]`.
-    pub(super) pred_lo: u32,
-    pub(super) pred_hi: u32,
+    /// The first entry the plan makes after this one is freed (its *due* position): from
+    /// there on the plan may put later entries over its memory.
+    pub(super) due: u32,
 }
 
 impl StepEntry {
@@ -30,6 +30,7 @@ impl StepEntry {
     }
 
     /// Its address range in the arena, rounded to granules.
+    #[inline]
     fn range(&self) -> (u64, u64) {
         (self.off, self.off + self.size.div_ceil(GRANULE) * GRANULE)
     }
@@ -44,14 +45,17 @@ pub(super) struct StepPlan {
     /// The planner's lower bound (peak of live planned bytes).
     pub(super) bound: u64,
     pub(super) entries: Vec<StepEntry>,
-    /// Per planned entry, the earlier entries of the step whose address ranges overlap it
-    /// (the plan gives them lifetimes that end before it starts).
-    pub(super) preds: Vec<u32>,
+    /// The planned entries due at each position: `due_list[due_at[p]..due_at[p + 1]]`.
+    due_at: Vec<u32>,
+    due_list: Vec<u32>,
+    /// Positions up to `due_pos` have been looked at in this step.
+    due_pos: usize,
     /// Entries whose memory is held now (served, not yet given back).
     pub(super) held: Vec<bool>,
     pub(super) n_held: u32,
-    /// Entries held when the step began (they may overlap any entry of this step).
-    pub(super) carry: Vec<u32>,
+    /// Held entries that may overlap what is served next: those held when the step began,
+    /// and those still held at their due position (a departure: freed later than planned).
+    late: Vec<u32>,
 }
 
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
@@ -59,31 +63,47 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 }
 
 impl StepPlan {
-    /// A new step starts: the entries still held are listed in `carry`.
+    /// A new step starts: every entry still held is late.
     pub(super) fn begin_step(&mut self) {
-        self.carry.clear();
+        self.late.clear();
+        self.due_pos = 0;
         if self.n_held > 0 {
-            self.carry
+            self.late
                 .extend((0..self.held.len() as u32).filter(|&k| self.held[k as usize]));
         }
     }
 
-    /// Whether planned entry `k` may be served: it, its overlap predecessors and the carried
-    /// entries overlapping it hold no memory. O(predecessors + carried).
+    /// Whether planned entry `k` (at or after every entry served so far in the step) may be
+    /// served: no held entry overlaps it. An entry served in this step and not yet due has a
+    /// lifetime that overlaps `k`'s in the plan, so the plan put it elsewhere; the others
+    /// are in `late`, checked one by one. So the check is O(1) while the step follows the
+    /// plan, and O(late) after departures (amortised: each entry joins `late` at most once
+    /// a step).
     #[inline]
-    pub(super) fn free_to_serve(&self, k: usize) -> bool {
-        let e = &self.entries[k];
+    pub(super) fn free_to_serve(&mut self, k: usize) -> bool {
+        while self.due_pos <= k {
+            let p = self.due_pos;
+            for i in self.due_at[p]..self.due_at[p + 1] {
+                let j = self.due_list[i as usize];
+                if self.held[j as usize] {
+                    self.late.push(j);
+                }
+            }
+            self.due_pos += 1;
+        }
         if self.held[k] {
             return false;
         }
-        let preds = &self.preds[e.pred_lo as usize..e.pred_hi as usize];
-        if preds.iter().any(|&j| self.held[j as usize]) {
-            return false;
+        if self.late.is_empty() {
+            return true;
         }
-        self.carry.is_empty()
-            || !self.carry.iter().any(|&c| {
-                self.held[c as usize] && overlaps(self.entries[c as usize].range(), e.range())
-            })
+        let r = self.entries[k].range();
+        let held = &self.held;
+        self.late.retain(|&c| held[c as usize]);
+        !self
+            .late
+            .iter()
+            .any(|&c| overlaps(self.entries[c as usize].range(), r))
     }
 
     #[inline]
@@ -121,46 +141,70 @@ impl StepPlan {
                 size: r.size,
                 stream: r.stream,
                 off: UNPLANNED,
-                pred_lo: 0,
-                pred_hi: 0,
+                due: u32::MAX,
             })
             .collect();
-        for (&i, &off) in planned.iter().zip(&p.offsets) {
-            entries[i].off = off;
-        }
-        // overlap pairs, by a sweep over the planned entries in address order
-        let mut by_addr = planned.clone();
-        by_addr.sort_unstable_by_key(|&i| (entries[i].off, i));
-        let mut pred_of: Vec<Vec<u32>> = vec![Vec::new(); entries.len()];
-        for (x, &i) in by_addr.iter().enumerate() {
-            let ri = entries[i].range();
-            for &j in &by_addr[x + 1..] {
-                let rj = entries[j].range();
-                if rj.0 >= ri.1 {
-                    break;
-                }
-                let (lo, hi) = if i < j { (i, j) } else { (j, i) };
-                pred_of[hi].push(lo as u32);
-            }
-        }
-        let mut preds = Vec::new();
-        for (k, v) in pred_of.into_iter().enumerate() {
-            entries[k].pred_lo = preds.len() as u32;
-            preds.extend(v);
-            entries[k].pred_hi = preds.len() as u32;
-        }
+        // (entries start in clock order)
         let n = entries.len();
+        let mut due_count = vec![0u32; n + 2];
+        for (&i, &off) in planned.iter().zip(&p.offsets) {
+            let end = rec[i].end;
+            let due = rec.partition_point(|r| r.start < end) as u32;
+            entries[i].off = off;
+            entries[i].due = due;
+            due_count[due as usize + 1] += 1;
+        }
+        let mut due_at = due_count;
+        for p in 1..due_at.len() {
+            due_at[p] += due_at[p - 1];
+        }
+        let mut fill = due_at.clone();
+        let mut due_list = vec![0u32; planned.len()];
+        for &i in &planned {
+            let d = entries[i].due as usize;
+            due_list[fill[d] as usize] = i as u32;
+            fill[d] += 1;
+        }
         StepPlan {
             group: NIL,
             base: 0,
             bytes: p.peak.div_ceil(GRANULE) * GRANULE,
             bound: p.bound,
             entries,
-            preds,
+            due_at,
+            due_list,
+            due_pos: 0,
             held: vec![false; n],
             n_held: 0,
-            carry: Vec::new(),
+            late: Vec::new(),
         }
+    }
+
+    /// The plan is sound: two planned entries whose address ranges overlap never overlap in
+    /// time (the earlier is due at or before the later starts). A sweep in address order.
+    pub(super) fn check_plan(&self) -> std::result::Result<(), String> {
+        let mut by_addr: Vec<usize> = (0..self.entries.len())
+            .filter(|&i| self.entries[i].planned())
+            .collect();
+        by_addr.sort_unstable_by_key(|&i| (self.entries[i].off, i));
+        for (x, &i) in by_addr.iter().enumerate() {
+            let ri = self.entries[i].range();
+            if ri.1 > self.bytes {
+                return Err(format!("plan entry {i} ends past the arena"));
+            }
+            for &j in &by_addr[x + 1..] {
+                if self.entries[j].range().0 >= ri.1 {
+                    break;
+                }
+                let (lo, hi) = if i < j { (i, j) } else { (j, i) };
+                if self.entries[lo].due as usize > hi {
+                    return Err(format!(
+                        "plan entries {lo} and {hi} overlap while both live"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -170,6 +214,11 @@ impl Pool {
     /// no plan: the next step is recorded again.
     pub(super) fn step_make_plan(&mut self, rec: &[Rec]) {
         let mut p = StepPlan::of(rec);
+        if self.cfg.check {
+            if let Err(e) = p.check_plan() {
+                panic!("unsound plan: {e}");
+            }
+        }
         if p.bytes > 0 {
             let stream = rec
                 .iter()
