@@ -446,11 +446,16 @@ impl PyPool {
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = gil::run(py, &*self.inner, Access::Detached, |p| p.stats());
         let d = reports::pool_stats(py, &s)?;
-        d.set_item("plan_hits", s.plan_hits)?;
-        d.set_item("plan_misses", s.plan_misses)?;
-        d.set_item("plan_rebuilds", s.plan_rebuilds)?;
-        d.set_item("plan_arena_bytes", s.plan_arena_bytes)?;
-        d.set_item("plan_bound_bytes", s.plan_bound_bytes)?;
+        // (steps served from a plan: rust/alloc/step.rs)
+        for (k, v) in [
+            ("plan_hits", s.plan_hits),
+            ("plan_misses", s.plan_misses),
+            ("plan_rebuilds", s.plan_rebuilds),
+            ("plan_arena_bytes", s.plan_arena_bytes),
+            ("plan_bound_bytes", s.plan_bound_bytes),
+        ] {
+            d.set_item(k, v)?;
+        }
         Ok(d)
     }
 
