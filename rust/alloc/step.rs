@@ -82,13 +82,19 @@ pub(super) struct Steps {
 /// What the step counters say (in `PoolStats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepCounts {
+    /// Requests served from a plan.
     pub hits: u64,
+    /// Requests of served steps that took the normal path (departures, slots not yet safe).
     pub misses: u64,
+    /// Plans dropped for missing.
     pub rebuilds: u64,
+    /// The arena of the plan held now (0: none).
     pub arena_bytes: u64,
     /// The planner's lower bound for the arena: the peak of the planned entries' live bytes.
     pub bound: u64,
+    /// Requests in the plan's sequence, planned or not.
     pub entries: u64,
+    /// Steps served from a plan so far.
     pub served_steps: u64,
 }
 

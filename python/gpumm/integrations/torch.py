@@ -2,7 +2,9 @@
 ``torch.cuda.memory.CUDAPluggableAllocator``, with the C functions ``gpumm_torch_alloc`` and
 ``gpumm_torch_free`` that gpumm's extension exports. It must run before PyTorch's first CUDA
 allocation. PyTorch's own memory statistics stop working under a pluggable allocator; the
-pool's (``pool.stats()``, ``pool.metrics()``) keep working."""
+pool's (``pool.stats()``, ``pool.metrics()``) keep working. ``with step():`` around a
+training step serves PyTorch's requests of later steps from a plan of the recorded ones
+(``MemoryPool.step``)."""
 
 from __future__ import annotations
 
