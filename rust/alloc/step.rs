@@ -311,7 +311,7 @@ impl Pool {
 
     /// Slot `a` (live or freeing, its generation not yet bumped) gives its memory back: the
     /// end of a recorded request, or a plan entry no longer held.
-    #[inline]
+    #[inline(always)]
     pub(super) fn step_released(&mut self, a: u32) {
         let x = &self.allocs[a as usize];
         let s = &mut self.steps;

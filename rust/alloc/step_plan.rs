@@ -44,14 +44,15 @@ pub(super) struct StepPlan {
     pub(super) bytes: u64,
     /// The planner's lower bound (peak of live planned bytes).
     pub(super) bound: u64,
-    pub(super) entries: Vec<StepEntry>,
+    /// (Tables: built once, never shrunk, indexed by the cursor and by entries of their own.)
+    pub(super) entries: Table<StepEntry>,
     /// The planned entries due at each position: `due_list[due_at[p]..due_at[p + 1]]`.
-    due_at: Vec<u32>,
-    due_list: Vec<u32>,
+    due_at: Table<u32>,
+    due_list: Table<u32>,
     /// Positions up to `due_pos` have been looked at in this step.
     due_pos: usize,
     /// Entries whose memory is held now (served, not yet given back).
-    pub(super) held: Vec<bool>,
+    pub(super) held: Table<bool>,
     pub(super) n_held: u32,
     /// Held entries that may overlap what is served next: those held when the step began,
     /// and those still held at their due position (a departure: freed later than planned).
@@ -170,11 +171,11 @@ impl StepPlan {
             base: 0,
             bytes: p.peak.div_ceil(GRANULE) * GRANULE,
             bound: p.bound,
-            entries,
-            due_at,
-            due_list,
+            entries: entries.into(),
+            due_at: due_at.into(),
+            due_list: due_list.into(),
             due_pos: 0,
-            held: vec![false; n],
+            held: vec![false; n].into(),
             n_held: 0,
             late: Vec::new(),
         }
