@@ -30,6 +30,14 @@ def big_pool():
     return gpumm.MemoryPool(gpumm.Device(arch="hopper", vidmem="512MiB"), check=True)
 
 
+def planned(pool):
+    """``pool`` after one recorded ``training_step``: it holds that step's plan."""
+    pool.set_step_recording(1)
+    with pool.step():
+        training_step(pool)
+    return pool
+
+
 def test_later_steps_are_served_from_the_plan(big_pool):
     pool = big_pool
     for _ in range(2):  # recorded
@@ -50,10 +58,7 @@ def test_later_steps_are_served_from_the_plan(big_pool):
 
 
 def test_recording_one_step(big_pool):
-    pool = big_pool
-    pool.set_step_recording(1)
-    with pool.step():
-        training_step(pool)
+    pool = planned(big_pool)
     with pool.step():
         training_step(pool)
     assert pool.stats()["plan_hits"] == 6
@@ -64,10 +69,7 @@ def test_recording_one_step(big_pool):
 
 
 def test_departing_requests_fall_back_without_failing(big_pool):
-    pool = big_pool
-    pool.set_step_recording(1)
-    with pool.step():
-        training_step(pool)
+    pool = planned(big_pool)
     # dynamic shapes: two sizes change; MoE-like routing: one request on another stream
     with pool.step():
         training_step(pool, sizes=(3 * MiB, MiB, 6 * MiB, 4 * KiB, 2 * MiB + 512, 900 * KiB))
@@ -80,10 +82,7 @@ def test_departing_requests_fall_back_without_failing(big_pool):
 
 
 def test_a_plan_that_keeps_missing_is_rebuilt(big_pool):
-    pool = big_pool
-    pool.set_step_recording(1)
-    with pool.step():
-        training_step(pool)
+    pool = planned(big_pool)
     other = tuple(n + 768 for n in (3 * MiB, MiB, 5 * MiB, 4 * KiB, 2 * MiB + 512, 700 * KiB))
     for _ in range(2):
         with pool.step():
@@ -100,10 +99,7 @@ def test_a_plan_that_keeps_missing_is_rebuilt(big_pool):
 
 
 def test_a_block_live_after_its_step_is_never_handed_out_twice(big_pool):
-    pool = big_pool
-    pool.set_step_recording(1)
-    with pool.step():
-        training_step(pool)
+    pool = planned(big_pool)
     with pool.step():
         kept = training_step(pool, keep=(1,))
     with pool.step():

@@ -65,6 +65,14 @@ fn run_step(p: &mut Pool, evs: &[Ev]) -> BTreeMap<usize, AllocId> {
 
 use std::collections::BTreeMap;
 
+/// A pool that recorded one `base_step` and holds its plan.
+fn planned() -> Pool {
+    let mut p = pool(256 * MIB);
+    p.set_step_recording(1).unwrap();
+    run_step(&mut p, &base_step());
+    p
+}
+
 /// No two live or freeing allocations share a byte.
 fn disjoint(p: &Pool) {
     let mut r: Vec<(u64, u64)> = p
@@ -109,9 +117,7 @@ fn later_steps_are_served_from_the_plan() {
 
 #[test]
 fn served_pointers_lie_in_the_arena_at_their_offsets() {
-    let mut p = pool(256 * MIB);
-    p.set_step_recording(1).unwrap();
-    run_step(&mut p, &base_step());
+    let mut p = planned();
     p.step_begin().unwrap();
     let (_, p0) = p.alloc(on(3 * MIB, 0)).unwrap();
     let s = p.steps.plan.as_ref().unwrap();
@@ -124,9 +130,7 @@ fn served_pointers_lie_in_the_arena_at_their_offsets() {
 
 #[test]
 fn a_departing_request_falls_back_and_the_rest_still_hit() {
-    let mut p = pool(256 * MIB);
-    p.set_step_recording(1).unwrap();
-    run_step(&mut p, &base_step());
+    let mut p = planned();
     // request 2 asks another size (dynamic shape), request 5 is on another stream
     let mut step = base_step();
     step[2] = Ev::A(2, 6 * MIB, 0);
@@ -147,9 +151,7 @@ fn a_departing_request_falls_back_and_the_rest_still_hit() {
 
 #[test]
 fn a_served_block_live_after_its_step_blocks_only_what_overlaps_it() {
-    let mut p = pool(256 * MIB);
-    p.set_step_recording(1).unwrap();
-    run_step(&mut p, &base_step());
+    let mut p = planned();
     // request 1 (1 MiB) kept past the step's end
     let mut step = base_step();
     step.retain(|e| !matches!(e, Ev::F(1)));
@@ -204,9 +206,7 @@ fn a_served_block_freed_on_another_stream_waits_for_its_fence() {
 
 #[test]
 fn a_plan_that_keeps_missing_is_rebuilt() {
-    let mut p = pool(256 * MIB);
-    p.set_step_recording(1).unwrap();
-    run_step(&mut p, &base_step());
+    let mut p = planned();
     let other: Vec<Ev> = base_step()
         .into_iter()
         .map(|e| match e {
@@ -237,9 +237,7 @@ fn a_plan_that_keeps_missing_is_rebuilt() {
 
 #[test]
 fn closing_with_served_blocks_live_gives_every_page_back() {
-    let mut p = pool(256 * MIB);
-    p.set_step_recording(1).unwrap();
-    run_step(&mut p, &base_step());
+    let mut p = planned();
     p.step_begin().unwrap();
     p.alloc(on(3 * MIB, 0)).unwrap();
     assert_eq!(p.close().unwrap(), 1);
