@@ -19,7 +19,8 @@
 //!   the pool's normal path: a request that matches nothing (another size, stream or order),
 //!   an entry that is not safe, a movable request.
 //! - *Dropping.* A plan whose two last served steps hit under half of their requests is
-//!   dropped and one step is recorded again for a new plan (`plan_rebuilds`).
+//!   dropped and one step is recorded again for a new plan (`plan_rebuilds`); so is a plan
+//!   held when the normal path runs out of memory (the request is then tried again).
 //!
 //! ## Invariants (checked by `validate_step`)
 //! - Served entries are slots of the arena's group (`Layout::Member`), live or freeing; an
@@ -58,6 +59,9 @@ pub(super) struct Steps {
     /// A step is recording, or a plan is held: `release_slot_into` tells `step_released`.
     pub(super) watch: bool,
     open: bool,
+    /// The plan was dropped inside the open step: the rest of it is not recorded (a part of
+    /// a step would make a plan of a part).
+    partial: bool,
     record_steps: Option<u32>,
     /// Steps still to record before the next plan (0: the next step end makes one).
     recorded: u32,
@@ -155,12 +159,11 @@ impl Pool {
             if let Some((h0, m0)) = s.last.replace(now) {
                 let (h, n) = (h0 + now.0, h0 + m0 + now.0 + now.1);
                 if n > 0 && h * DROP_DIV < n {
-                    s.rebuilds += 1;
-                    s.need = 1;
-                    s.recorded = 0;
-                    self.step_drop_plan();
+                    self.step_rebuild();
                 }
             }
+        } else if std::mem::take(&mut self.steps.partial) {
+            // (the plan was dropped inside this step: the next one is recorded)
         } else {
             let s = &mut self.steps;
             s.rec_slot.clear();
@@ -200,7 +203,9 @@ impl Pool {
     pub(super) fn step_alloc(&mut self, req: Request) -> Result<(AllocId, u64)> {
         if self.steps.plan.is_none() {
             let r = self.alloc_req(req, true)?;
-            self.step_record(r.0, req);
+            if !self.steps.partial {
+                self.step_record(r.0, req);
+            }
             return Ok(r);
         }
         let saved = (self.steps.cursor, self.steps.step_misses, self.steps.misses);
@@ -215,12 +220,31 @@ impl Pool {
             self.steps.step_misses += 1;
             self.steps.misses += 1;
         }
-        let r = self.alloc_req(req, true);
+        let mut r = self.alloc_req(req, true);
+        if matches!(r, Err(Error::OutOfMemory(_))) && !self.quick && self.steps.plan.is_some() {
+            // The plan must never make a request fail that the pool without it would serve:
+            // it is dropped (its arena goes back unless served blocks still hold it) and the
+            // request tried again; the next step is recorded for a new plan.
+            self.step_rebuild();
+            r = self.alloc_req(req, true);
+        }
         if r.is_err() {
             // (refused or not quick: it did not happen, and the caller may ask again)
             (self.steps.cursor, self.steps.step_misses, self.steps.misses) = saved;
         }
         r
+    }
+
+    /// Drops the plan for a new one: the next step is recorded.
+    fn step_rebuild(&mut self) {
+        let s = &mut self.steps;
+        s.rebuilds += 1;
+        s.need = 1;
+        s.recorded = 0;
+        s.partial = s.open;
+        s.rec.clear();
+        s.rec_slot.clear();
+        self.step_drop_plan();
     }
 
     /// The recorded request `id` made.

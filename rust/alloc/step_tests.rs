@@ -398,3 +398,23 @@ proptest! {
         prop_assert_eq!(p.reserved_bytes(), 0);
     }
 }
+
+#[test]
+fn a_plan_never_makes_a_request_fail_that_the_normal_path_serves() {
+    // the plan's arena holds 40 of the device's 64 MiB; a departing 48 MiB request fits
+    // only once the arena goes back
+    let mut p = pool(64 * MIB);
+    p.set_step_recording(1).unwrap();
+    run_step(&mut p, &[Ev::A(0, 40 * MIB, 0), Ev::F(0)]);
+    assert_eq!(p.step_counts().arena_bytes, 40 * MIB);
+    let live = run_step(&mut p, &[Ev::A(0, 48 * MIB, 0)]);
+    let c = p.step_counts();
+    assert_eq!((c.misses, c.rebuilds, c.arena_bytes), (1, 1, 0));
+    p.free(live[&0]).unwrap();
+    // the step the plan was dropped in is not recorded; the next is, and planned
+    run_step(&mut p, &[Ev::A(0, 8 * MIB, 0), Ev::F(0)]);
+    assert_eq!(p.step_counts().arena_bytes, 8 * MIB);
+    run_step(&mut p, &[Ev::A(0, 8 * MIB, 0), Ev::F(0)]);
+    assert_eq!(p.step_counts().hits, 1);
+    p.validate().unwrap();
+}
