@@ -68,7 +68,6 @@ mod slots;
 mod stats;
 mod step;
 mod step_plan;
-mod step_standin; // STAND-IN: deleted when branch `plan` is merged
 #[cfg(test)]
 mod step_tests;
 mod stitch;

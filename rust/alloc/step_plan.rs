@@ -4,9 +4,8 @@
 //! `validate_step`.
 
 use super::step::Rec;
-// STAND-IN: becomes `use crate::plan::{plan, Item};` when branch `plan` is merged.
-use super::step_standin::{plan, Item};
 use super::*;
+use crate::plan::{plan, Item};
 
 /// `StepEntry::off` of an entry that is not planned (it outlived its step, or may move).
 pub(super) const UNPLANNED: u64 = u64::MAX;
