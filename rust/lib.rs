@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod backend;
 pub mod error;
+pub mod plan;
 pub mod pmm;
 pub mod replay;
 pub mod traces;

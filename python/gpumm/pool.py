@@ -391,6 +391,21 @@ class MemoryPool(_core.Pool):
             s.made, s.freed, s.leaked = self._exit_scope(sid)
             s.open = False
 
+    @contextlib.contextmanager
+    def step(self) -> Iterator["MemoryPool"]:
+        """``with pool.step():`` around one training iteration. The first steps (2 by
+        default, ``set_step_recording(n)``) are recorded: each request's size, stream and
+        order; the next is planned offline, and later steps are served in request order from
+        the plan's arena (``stats()["plan_hits"]``). A request that departs from the plan
+        (another size, stream or order) takes the normal path; a plan under half hits over
+        two steps is dropped and made again. Requests of every thread count while a step is
+        open; allocations outside any step take the normal path. See docs/plan.md."""
+        self._step_begin()
+        try:
+            yield self
+        finally:
+            self._step_end()
+
     def __enter__(self) -> "MemoryPool":
         return self
 

@@ -68,6 +68,10 @@ mod ptrmap;
 pub(crate) mod runs;
 mod slots;
 mod stats;
+mod step;
+mod step_plan;
+#[cfg(test)]
+mod step_tests;
 mod stitch;
 mod streams;
 mod table;
@@ -101,6 +105,7 @@ pub use config::{Device, PoolConfig, DEFAULT_SMALL_THRESHOLD, GRANULE};
 use defrag::Copying;
 pub use defrag::DefragPlan;
 pub use stats::{Histogram, PageSnapshot, PoolStats};
+pub use step::{StepCounts, DEFAULT_RECORD_STEPS};
 pub use types::{AllocId, AllocInfo, DefragReport, Request, ScopeReport};
 
 /// One pool: the core behind `gpumm.MemoryPool`. Not thread safe by itself; the bindings
@@ -197,6 +202,8 @@ pub struct Pool {
     /// unless pages go back to the device as they free up (a release threshold).
     cache: SizeCache,
     cache_on: bool,
+    /// Steps recorded or served from a plan (`step.rs`).
+    steps: step::Steps,
 }
 
 fn invalid_size(msg: String) -> Error {
@@ -306,6 +313,7 @@ impl Pool {
             alloc_error: None,
             cache: SizeCache::default(),
             cache_on: cfg.size_cache && cfg.release_threshold.is_none(),
+            steps: step::Steps::default(),
             cfg,
             dev,
         };

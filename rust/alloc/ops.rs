@@ -28,6 +28,9 @@ impl Pool {
 
     /// Allocates `req.size` bytes. On failure nothing is allocated; the error says why.
     pub fn alloc(&mut self, req: Request) -> Result<(AllocId, u64)> {
+        if self.in_step() {
+            return self.step_alloc(req);
+        }
         self.alloc_req(req, true)
     }
 
@@ -295,6 +298,7 @@ impl Pool {
                 x.ptr, x.pins
             )));
         }
+        self.step_close();
         self.cache_on = false;
         self.flush_cache();
         let mut live = 0;

@@ -209,6 +209,9 @@ impl Pool {
     /// binned) and its block listed there, for `merge_pending`.
     #[inline(always)]
     pub(super) fn release_slot_into(&mut self, a: u32, pending: Option<&mut Vec<u32>>) {
+        if self.steps.watch {
+            self.step_released(a);
+        }
         let x = &mut self.allocs[a as usize];
         let (ptr, units, freeing) = (x.ptr, x.units(), x.state == State::Freeing);
         x.generation = x.generation.wrapping_add(1);

@@ -129,6 +129,15 @@ pub struct PoolStats {
     /// Live allocations by size class: (largest size in the class, count, requested bytes),
     /// classes are powers of two from 256 B.
     pub live_by_size: Vec<(u64, u64, u64)>,
+    /// Requests of steps served from a plan (`step.rs`); requests of served steps that took
+    /// the normal path instead (a departure from the plan, or a planned slot not yet safe);
+    /// plans dropped for missing; the bytes of the plan's arena now (counted in `used_bytes`).
+    pub plan_hits: u64,
+    pub plan_misses: u64,
+    pub plan_rebuilds: u64,
+    pub plan_arena_bytes: u64,
+    /// The planner's lower bound for that arena (the peak of its entries' live bytes).
+    pub plan_bound_bytes: u64,
 }
 
 impl Pool {
@@ -184,6 +193,11 @@ impl Pool {
             latency_mean_ns: self.latency.mean(),
             latency_p50_ns: self.latency.quantile(0.5),
             latency_p99_ns: self.latency.quantile(0.99),
+            plan_hits: self.steps.hits,
+            plan_misses: self.steps.misses,
+            plan_rebuilds: self.steps.rebuilds,
+            plan_arena_bytes: self.steps.plan.as_ref().map_or(0, |p| p.bytes),
+            plan_bound_bytes: self.steps.plan.as_ref().map_or(0, |p| p.bound),
             ..PoolStats::default()
         };
         s.pages_free = self.free_pages.free_units();

@@ -19,6 +19,9 @@ impl Pool {
         self.open()?;
         let a = self.resolve(id)?;
         self.check_unpinned(a)?;
+        if self.steps.watch {
+            self.step_freeing(a);
+        }
         let fence = self.next_fence;
         self.next_fence += 1;
         let x = &mut self.allocs[a as usize];

@@ -294,7 +294,7 @@ impl Pool {
         let mut group_left: FxHashMap<u32, (u64, u32)> = FxHashMap::default();
         for (a, x) in self.allocs.iter().enumerate() {
             if x.state == State::Group {
-                group_left.insert(a as u32, (x.units(), x.members));
+                group_left.insert(a as u32, (x.units(), x.members - self.step_hold(a as u32)));
             }
         }
         let mut cached_slots = 0;
@@ -416,6 +416,6 @@ impl Pool {
                 c.live_bytes, c.used_bytes, c.freeing_bytes
             ));
         }
-        Ok(())
+        self.validate_step()
     }
 }

@@ -445,7 +445,62 @@ impl PyPool {
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = gil::run(py, &*self.inner, Access::Detached, |p| p.stats());
-        reports::pool_stats(py, &s)
+        let d = reports::pool_stats(py, &s)?;
+        // (steps served from a plan: rust/alloc/step.rs)
+        for (k, v) in [
+            ("plan_hits", s.plan_hits),
+            ("plan_misses", s.plan_misses),
+            ("plan_rebuilds", s.plan_rebuilds),
+            ("plan_arena_bytes", s.plan_arena_bytes),
+            ("plan_bound_bytes", s.plan_bound_bytes),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Opens a step (see `MemoryPool.step`): its requests are recorded, or served from the
+    /// plan made from the recorded ones.
+    fn _step_begin(&self, py: Python<'_>) -> PyResult<()> {
+        gil::run(py, &*self.inner, Access::Quick, |p| p.step_begin()).py_err(py)
+    }
+
+    /// Closes the step; the last recorded step is planned here (its arena taken).
+    fn _step_end(&self, py: Python<'_>) -> PyResult<()> {
+        gil::run(py, &*self.inner, Access::Detached, |p| p.step_end()).py_err(py)
+    }
+
+    /// How many steps are recorded before the first plan (default 2; set before the first
+    /// step).
+    fn set_step_recording(&self, py: Python<'_>, steps: u32) -> PyResult<()> {
+        gil::run(py, &*self.inner, Access::Quick, |p| {
+            p.set_step_recording(steps)
+        })
+        .py_err(py)
+    }
+
+    /// `alloc` returning the int pointer, without an `Allocation` object (free it with
+    /// `free_raw` or `free`): for hot loops, such as steps served from a plan, where making
+    /// the object costs more than the allocation. No `on_failure` retry, no tag.
+    #[pyo3(signature = (nbytes, stream = 0))]
+    fn alloc_raw(&self, py: Python<'_>, nbytes: &Bound<'_, PyAny>, stream: u64) -> PyResult<u64> {
+        let req = Request {
+            size: size_arg(py, nbytes, "nbytes")?,
+            stream,
+            movable: false,
+            scope: current_scope(self.id),
+        };
+        let r = match self.inner.now(py, |p| p.try_alloc_quick(req)).flatten() {
+            Some(r) => r,
+            None => gil::run(py, &*self.inner, Access::Detached, |p| p.alloc(req)),
+        };
+        r.map(|(_, ptr)| ptr).py_err(py)
+    }
+
+    /// Frees the allocation at int pointer `ptr` (from `alloc_raw`, or any other).
+    fn free_raw(&self, py: Python<'_>, ptr: u64) -> PyResult<()> {
+        let op = |p: &mut Pool| p.id_of(ptr).and_then(|id| p.free(id));
+        gil::run(py, &*self.inner, Access::QuickIf(Pool::frees_are_quick), op).py_err(py)
     }
 
     /// Pages and allocations, for pictures of fragmentation and for trace writers.

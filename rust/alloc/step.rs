@@ -1,0 +1,394 @@
+//! Steps served from a plan (`step_begin` / `step_end`): the first steps are recorded, the
+//! next is planned offline (`step_plan.rs`), and later steps are served in request order from
+//! the plan's arena in O(1). See docs/plan.md, "Serving steps from a plan".
+//!
+//! ## Model
+//! - *Recording.* Inside a step every `alloc` is an entry of the step's sequence (size,
+//!   stream, and its alloc and free as event indices); a request still live at the step's end
+//!   outlives it and is not planned, but keeps its place in the sequence.
+//! - *Serving.* Request `r` of a step is matched against the entry at the cursor (same size
+//!   and stream), or the first match among the next `LOOKAHEAD` entries (the cursor then
+//!   jumps past it: a request dropped from the sequence costs one miss, not the rest of the
+//!   step). A matched planned entry is served at `arena base + offset` when it is *safe*: no
+//!   entry whose address range overlaps it holds memory now. Its overlap predecessors are
+//!   the entries the plan frees before it and puts over its addresses; each planned entry's
+//!   due position (the first entry made after its planned free) is precomputed, and an entry
+//!   still held at its due position (freed late: a departure) or when the step began is
+//!   *late*, checked against each request by address; one held and not yet due is, by the
+//!   plan, somewhere else. O(1) while the step follows the plan. Anything else takes
+//!   the pool's normal path: a request that matches nothing (another size, stream or order),
+//!   an entry that is not safe, a movable request.
+//! - *Dropping.* A plan whose two last served steps hit under half of their requests is
+//!   dropped and one step is recorded again for a new plan (`plan_rebuilds`); so is a plan
+//!   held when the normal path runs out of memory (the request is then tried again).
+//!
+//! ## Invariants (checked by `validate_step`)
+//! - Served entries are slots of the arena's group (`Layout::Member`), live or freeing; an
+//!   entry is `held` iff exactly one such slot names it (`entry_of`), at its offset, and no
+//!   two held entries overlap in address: the plan never hands out memory twice.
+//! - The arena's group counts one member more than it has (the plan's hold), so it stays
+//!   while the plan does; dropping the plan takes the hold away.
+
+use super::step_plan::StepPlan;
+use super::*;
+
+/// How many entries past the cursor a request may match (re-synchronising after requests
+/// were dropped from, or inserted into, the sequence).
+pub(super) const LOOKAHEAD: usize = 8;
+/// Steps recorded before the first plan: the first step of a training loop often makes its
+/// long-lived state (optimizer moments, caches), the second is the steady state.
+pub const DEFAULT_RECORD_STEPS: u32 = 2;
+/// A plan is dropped when fewer than 1/`DROP_DIV` of the matched or missed requests of its
+/// two last served steps were hits.
+const DROP_DIV: u64 = 2;
+
+/// One request of a recorded step.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Rec {
+    pub(super) size: u64,
+    pub(super) stream: u64,
+    pub(super) movable: bool,
+    pub(super) start: u64,
+    /// `u64::MAX`: still live at the step's end.
+    pub(super) end: u64,
+}
+
+/// The step state of a pool.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Steps {
+    /// A step is recording, or a plan is held: `release_slot_into` tells `step_released`.
+    pub(super) watch: bool,
+    open: bool,
+    /// The plan was dropped inside the open step: the rest of it is not recorded (a part of
+    /// a step would make a plan of a part).
+    partial: bool,
+    record_steps: Option<u32>,
+    /// Steps still to record before the next plan (0: the next step end makes one).
+    recorded: u32,
+    pub(super) need: u32,
+    rec: Vec<Rec>,
+    /// Slot -> (generation, entry) of the requests recorded in the open step.
+    rec_slot: FxHashMap<u32, (u32, u32)>,
+    clock: u64,
+    pub(super) plan: Option<StepPlan>,
+    cursor: usize,
+    step_hits: u64,
+    step_misses: u64,
+    last: Option<(u64, u64)>,
+    /// The plan entry each served slot holds (read only for slots of the arena's group).
+    pub(super) entry_of: Vec<u32>,
+    pub(super) hits: u64,
+    pub(super) misses: u64,
+    pub(super) rebuilds: u64,
+    pub(super) served_steps: u64,
+}
+
+/// What the step counters say (in `PoolStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepCounts {
+    /// Requests served from a plan.
+    pub hits: u64,
+    /// Requests of served steps that took the normal path (departures, slots not yet safe).
+    pub misses: u64,
+    /// Plans dropped for missing.
+    pub rebuilds: u64,
+    /// The arena of the plan held now (0: none).
+    pub arena_bytes: u64,
+    /// The planner's lower bound for the arena: the peak of the planned entries' live bytes.
+    pub bound: u64,
+    /// Requests in the plan's sequence, planned or not.
+    pub entries: u64,
+    /// Steps served from a plan so far.
+    pub served_steps: u64,
+}
+
+impl Pool {
+    /// Sets how many steps are recorded before the first plan (default 2; at least 1).
+    pub fn set_step_recording(&mut self, steps: u32) -> Result<()> {
+        if steps == 0 {
+            return Err(Error::InvalidArgument(
+                "at least one step must be recorded before a plan".into(),
+            ));
+        }
+        if self.steps.open || self.steps.plan.is_some() || self.steps.recorded > 0 {
+            return Err(Error::InvalidState(
+                "the number of recorded steps is set before the first step".into(),
+            ));
+        }
+        self.steps.record_steps = Some(steps);
+        Ok(())
+    }
+
+    /// Opens a step: requests until `step_end` are recorded, or served from the plan.
+    pub fn step_begin(&mut self) -> Result<()> {
+        self.open()?;
+        let s = &mut self.steps;
+        if s.open {
+            return Err(Error::InvalidState("a step is already open".into()));
+        }
+        if s.need == 0 {
+            s.need = s.record_steps.unwrap_or(DEFAULT_RECORD_STEPS);
+        }
+        s.open = true;
+        s.cursor = 0;
+        s.step_hits = 0;
+        s.step_misses = 0;
+        match &mut s.plan {
+            Some(p) => p.begin_step(),
+            None => {
+                s.rec.clear();
+                s.rec_slot.clear();
+                s.clock = 0;
+            }
+        }
+        s.watch = true;
+        Ok(())
+    }
+
+    /// Closes the step: a recording step may make the plan; a served step may drop it.
+    pub fn step_end(&mut self) -> Result<()> {
+        self.open()?;
+        if !self.steps.open {
+            return Err(Error::InvalidState("no step is open".into()));
+        }
+        self.steps.open = false;
+        if self.steps.plan.is_some() {
+            let s = &mut self.steps;
+            s.served_steps += 1;
+            let now = (s.step_hits, s.step_misses);
+            if let Some((h0, m0)) = s.last.replace(now) {
+                let (h, n) = (h0 + now.0, h0 + m0 + now.0 + now.1);
+                if n > 0 && h * DROP_DIV < n {
+                    self.step_rebuild();
+                }
+            }
+        } else if std::mem::take(&mut self.steps.partial) {
+            // (the plan was dropped inside this step: the next one is recorded)
+        } else {
+            let s = &mut self.steps;
+            s.rec_slot.clear();
+            s.recorded += 1;
+            if s.recorded >= s.need {
+                s.recorded = 0;
+                let rec = std::mem::take(&mut s.rec);
+                self.step_make_plan(&rec);
+            }
+        }
+        self.steps.watch = self.steps.plan.is_some();
+        self.check();
+        Ok(())
+    }
+
+    /// The step counters.
+    pub fn step_counts(&self) -> StepCounts {
+        let s = &self.steps;
+        StepCounts {
+            hits: s.hits,
+            misses: s.misses,
+            rebuilds: s.rebuilds,
+            arena_bytes: s.plan.as_ref().map_or(0, |p| p.bytes),
+            bound: s.plan.as_ref().map_or(0, |p| p.bound),
+            entries: s.plan.as_ref().map_or(0, |p| p.entries.len() as u64),
+            served_steps: s.served_steps,
+        }
+    }
+
+    /// Whether `alloc` goes through the step (an open step).
+    #[inline(always)]
+    pub(super) fn in_step(&self) -> bool {
+        self.steps.open
+    }
+
+    /// `alloc` inside an open step.
+    pub(super) fn step_alloc(&mut self, req: Request) -> Result<(AllocId, u64)> {
+        if self.steps.plan.is_none() {
+            let r = self.alloc_req(req, true)?;
+            if !self.steps.partial {
+                self.step_record(r.0, req);
+            }
+            return Ok(r);
+        }
+        let saved = (self.steps.cursor, self.steps.step_misses, self.steps.misses);
+        let planned = self.step_match(req);
+        if let Some(k) = planned {
+            if self.step_safe(k) && !req.movable {
+                return Ok(self.step_serve(k, req));
+            }
+        }
+        if planned.is_some() || self.steps.cursor == saved.0 {
+            // a planned entry that is not safe, or a request the plan does not have
+            self.steps.step_misses += 1;
+            self.steps.misses += 1;
+        }
+        let mut r = self.alloc_req(req, true);
+        if matches!(r, Err(Error::OutOfMemory(_))) && !self.quick && self.steps.plan.is_some() {
+            // The plan must never make a request fail that the pool without it would serve:
+            // it is dropped (its arena goes back unless served blocks still hold it) and the
+            // request tried again; the next step is recorded for a new plan.
+            self.step_rebuild();
+            r = self.alloc_req(req, true);
+        }
+        if r.is_err() {
+            // (refused or not quick: it did not happen, and the caller may ask again)
+            (self.steps.cursor, self.steps.step_misses, self.steps.misses) = saved;
+        }
+        r
+    }
+
+    /// Drops the plan for a new one: the next step is recorded.
+    fn step_rebuild(&mut self) {
+        let s = &mut self.steps;
+        s.rebuilds += 1;
+        s.need = 1;
+        s.recorded = 0;
+        s.partial = s.open;
+        s.rec.clear();
+        s.rec_slot.clear();
+        self.step_drop_plan();
+    }
+
+    /// The recorded request `id` made.
+    fn step_record(&mut self, id: AllocId, req: Request) {
+        let s = &mut self.steps;
+        let i = s.rec.len() as u32;
+        if let Some((_, j)) = s.rec_slot.insert(id.index, (id.generation, i)) {
+            // the slot was a freeing allocation reused on its stream: that one ended here
+            let r = &mut s.rec[j as usize];
+            if r.end == u64::MAX {
+                r.end = s.clock;
+                s.clock += 1;
+            }
+        }
+        s.rec.push(Rec {
+            size: req.size,
+            stream: req.stream,
+            movable: req.movable,
+            start: s.clock,
+            end: u64::MAX,
+        });
+        s.clock += 1;
+    }
+
+    /// The plan entry request `req` matches: `Some(k)` for a planned entry (the cursor is
+    /// past it); `None` for no match, or a match with an unplanned entry (the cursor moves
+    /// past that one).
+    #[inline]
+    fn step_match(&mut self, req: Request) -> Option<usize> {
+        let s = &mut self.steps;
+        let p = s.plan.as_ref()?;
+        let end = (s.cursor + LOOKAHEAD).min(p.entries.len());
+        let mut k = s.cursor;
+        while k < end {
+            let e = &p.entries[k];
+            if e.size == req.size && e.stream == req.stream {
+                s.cursor = k + 1;
+                return e.planned().then_some(k);
+            }
+            k += 1;
+        }
+        None
+    }
+
+    /// Whether planned entry `k` may be served now: neither it nor an entry overlapping it in
+    /// address holds memory.
+    #[inline]
+    fn step_safe(&mut self, k: usize) -> bool {
+        let p = self.steps.plan.as_mut().expect("serving");
+        p.free_to_serve(k)
+    }
+
+    /// Serves planned entry `k` to `req` (safe): a member slot of the arena's group.
+    fn step_serve(&mut self, k: usize, req: Request) -> (AllocId, u64) {
+        self.note_stream(req.stream);
+        self.counters.calls += 1;
+        let (g, ptr) = {
+            let p = self.steps.plan.as_mut().expect("serving");
+            p.hold(k);
+            (p.group, p.base + p.entries[k].off)
+        };
+        let a = self.new_slot();
+        let x = &mut self.allocs[a as usize];
+        x.make_live(req.size, req.stream, false, req.scope);
+        x.ptr = ptr;
+        x.layout = Layout::Member(g);
+        if let Some(m) = &mut self.by_ptr {
+            m.insert(ptr, a);
+        }
+        self.allocs[g as usize].members += 1;
+        let c = &mut self.counters;
+        c.allocs += 1;
+        c.live_bytes += req.size;
+        c.peak_live = c.peak_live.max(c.live_bytes);
+        if req.scope != 0 {
+            self.join_scope(a, req.scope);
+        }
+        let s = &mut self.steps;
+        if s.entry_of.len() <= a as usize {
+            s.entry_of.resize(a as usize + 1, NIL);
+        }
+        s.entry_of[a as usize] = k as u32;
+        s.hits += 1;
+        s.step_hits += 1;
+        self.check();
+        (self.id(a), ptr)
+    }
+
+    /// Slot `a` (live or freeing, its generation not yet bumped) gives its memory back: the
+    /// end of a recorded request, or a plan entry no longer held.
+    #[inline(always)]
+    pub(super) fn step_released(&mut self, a: u32) {
+        let x = &self.allocs[a as usize];
+        let s = &mut self.steps;
+        if let Some(p) = &mut s.plan {
+            if x.layout == Layout::Member(p.group) {
+                p.release(s.entry_of[a as usize] as usize);
+            }
+        } else if s.open {
+            if let Some(&(g, i)) = s.rec_slot.get(&a) {
+                if g == x.generation {
+                    s.rec_slot.remove(&a);
+                    s.rec[i as usize].end = s.clock;
+                    s.clock += 1;
+                }
+            }
+        }
+    }
+
+    /// Slot `a` is freed on a stream: a recorded request ends here (its memory is reused in
+    /// stream order; a served entry stays held until the fence completes).
+    #[cold]
+    pub(super) fn step_freeing(&mut self, a: u32) {
+        if self.steps.plan.is_none() {
+            self.step_released(a);
+        }
+    }
+
+    /// Drops the plan: its arena goes back once no served allocation holds part of it.
+    pub(super) fn step_drop_plan(&mut self) {
+        let Some(p) = self.steps.plan.take() else {
+            return;
+        };
+        self.steps.last = None;
+        if p.group != NIL {
+            let x = &mut self.allocs[p.group as usize];
+            x.members -= 1;
+            if x.members == 0 {
+                self.release_group_memory(p.group);
+                self.after_free();
+            }
+        }
+    }
+
+    /// The pool closes: no step, no plan.
+    pub(super) fn step_close(&mut self) {
+        self.step_drop_plan();
+        let rebuilt = (self.steps.hits, self.steps.misses, self.steps.rebuilds);
+        self.steps = Steps::default();
+        (self.steps.hits, self.steps.misses, self.steps.rebuilds) = rebuilt;
+    }
+
+    /// The plan's own hold on slot `a`'s members (1 for the arena of the plan, else 0).
+    pub(super) fn step_hold(&self, a: u32) -> u32 {
+        self.steps.plan.as_ref().is_some_and(|p| p.group == a) as u32
+    }
+}

@@ -1,0 +1,309 @@
+//! A step's plan: its entries (the recorded sequence), their offsets in the arena from the
+//! offline planner, each planned entry's overlap predecessors, and which entries hold memory
+//! now. Made by `step_make_plan` at the end of the last recorded step; checked by
+//! `validate_step`.
+
+use super::step::Rec;
+use super::*;
+use crate::plan::{plan, Item};
+
+/// `StepEntry::off` of an entry that is not planned (it outlived its step, or may move).
+pub(super) const UNPLANNED: u64 = u64::MAX;
+
+/// One request of the planned step.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StepEntry {
+    pub(super) size: u64,
+    pub(super) stream: u64,
+    /// Offset in the arena (`UNPLANNED`: served by the normal path).
+    pub(super) off: u64,
+    /// The first entry the plan makes after this one is freed (its *due* position): from
+    /// there on the plan may put later entries over its memory.
+    pub(super) due: u32,
+}
+
+impl StepEntry {
+    #[inline(always)]
+    pub(super) fn planned(&self) -> bool {
+        self.off != UNPLANNED
+    }
+
+    /// Its address range in the arena, rounded to granules.
+    #[inline]
+    fn range(&self) -> (u64, u64) {
+        (self.off, self.off + self.size.div_ceil(GRANULE) * GRANULE)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct StepPlan {
+    /// The arena's group slot (NIL: nothing planned) and its memory.
+    pub(super) group: u32,
+    pub(super) base: u64,
+    pub(super) bytes: u64,
+    /// The planner's lower bound (peak of live planned bytes).
+    pub(super) bound: u64,
+    /// (Tables: built once, never shrunk, indexed by the cursor and by entries of their own.)
+    pub(super) entries: Table<StepEntry>,
+    /// The planned entries due at each position: `due_list[due_at[p]..due_at[p + 1]]`.
+    due_at: Table<u32>,
+    due_list: Table<u32>,
+    /// Positions up to `due_pos` have been looked at in this step.
+    due_pos: usize,
+    /// Entries whose memory is held now (served, not yet given back).
+    pub(super) held: Table<bool>,
+    pub(super) n_held: u32,
+    /// Held entries that may overlap what is served next: those held when the step began,
+    /// and those still held at their due position (a departure: freed later than planned).
+    late: Vec<u32>,
+}
+
+fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+impl StepPlan {
+    /// A new step starts: every entry still held is late.
+    pub(super) fn begin_step(&mut self) {
+        self.late.clear();
+        self.due_pos = 0;
+        if self.n_held > 0 {
+            self.late
+                .extend((0..self.held.len() as u32).filter(|&k| self.held[k as usize]));
+        }
+    }
+
+    /// Whether planned entry `k` (at or after every entry served so far in the step) may be
+    /// served: no held entry overlaps it. An entry served in this step and not yet due has a
+    /// lifetime that overlaps `k`'s in the plan, so the plan put it elsewhere; the others
+    /// are in `late`, checked one by one. So the check is O(1) while the step follows the
+    /// plan, and O(late) after departures (amortised: each entry joins `late` at most once
+    /// a step).
+    #[inline]
+    pub(super) fn free_to_serve(&mut self, k: usize) -> bool {
+        while self.due_pos <= k {
+            let p = self.due_pos;
+            for i in self.due_at[p]..self.due_at[p + 1] {
+                let j = self.due_list[i as usize];
+                if self.held[j as usize] {
+                    self.late.push(j);
+                }
+            }
+            self.due_pos += 1;
+        }
+        if self.held[k] {
+            return false;
+        }
+        if self.late.is_empty() {
+            return true;
+        }
+        let r = self.entries[k].range();
+        let held = &self.held;
+        self.late.retain(|&c| held[c as usize]);
+        !self
+            .late
+            .iter()
+            .any(|&c| overlaps(self.entries[c as usize].range(), r))
+    }
+
+    #[inline]
+    pub(super) fn hold(&mut self, k: usize) {
+        debug_assert!(!self.held[k]);
+        self.held[k] = true;
+        self.n_held += 1;
+    }
+
+    #[inline]
+    pub(super) fn release(&mut self, k: usize) {
+        debug_assert!(self.held[k]);
+        self.held[k] = false;
+        self.n_held -= 1;
+    }
+
+    /// The plan of a recorded step (no arena yet: `group` NIL, `base` 0).
+    pub(super) fn of(rec: &[Rec]) -> StepPlan {
+        let mut planned = Vec::new();
+        let mut items = Vec::new();
+        for (i, r) in rec.iter().enumerate() {
+            if r.end != u64::MAX && !r.movable {
+                planned.push(i);
+                items.push(Item {
+                    size: r.size.div_ceil(GRANULE) * GRANULE,
+                    start: r.start,
+                    end: r.end,
+                });
+            }
+        }
+        let p = plan(&items, GRANULE);
+        let mut entries: Vec<StepEntry> = rec
+            .iter()
+            .map(|r| StepEntry {
+                size: r.size,
+                stream: r.stream,
+                off: UNPLANNED,
+                due: u32::MAX,
+            })
+            .collect();
+        // (entries start in clock order)
+        let n = entries.len();
+        let mut due_count = vec![0u32; n + 2];
+        for (&i, &off) in planned.iter().zip(&p.offsets) {
+            let end = rec[i].end;
+            let due = rec.partition_point(|r| r.start < end) as u32;
+            entries[i].off = off;
+            entries[i].due = due;
+            due_count[due as usize + 1] += 1;
+        }
+        let mut due_at = due_count;
+        for p in 1..due_at.len() {
+            due_at[p] += due_at[p - 1];
+        }
+        let mut fill = due_at.clone();
+        let mut due_list = vec![0u32; planned.len()];
+        for &i in &planned {
+            let d = entries[i].due as usize;
+            due_list[fill[d] as usize] = i as u32;
+            fill[d] += 1;
+        }
+        StepPlan {
+            group: NIL,
+            base: 0,
+            bytes: p.peak.div_ceil(GRANULE) * GRANULE,
+            bound: p.bound,
+            entries: entries.into(),
+            due_at: due_at.into(),
+            due_list: due_list.into(),
+            due_pos: 0,
+            held: vec![false; n].into(),
+            n_held: 0,
+            late: Vec::new(),
+        }
+    }
+
+    /// The plan is sound: two planned entries whose address ranges overlap never overlap in
+    /// time (the earlier is due at or before the later starts). A sweep in address order.
+    pub(super) fn check_plan(&self) -> std::result::Result<(), String> {
+        let mut by_addr: Vec<usize> = (0..self.entries.len())
+            .filter(|&i| self.entries[i].planned())
+            .collect();
+        by_addr.sort_unstable_by_key(|&i| (self.entries[i].off, i));
+        for (x, &i) in by_addr.iter().enumerate() {
+            let ri = self.entries[i].range();
+            if ri.1 > self.bytes {
+                return Err(format!("plan entry {i} ends past the arena"));
+            }
+            for &j in &by_addr[x + 1..] {
+                if self.entries[j].range().0 >= ri.1 {
+                    break;
+                }
+                let (lo, hi) = if i < j { (i, j) } else { (j, i) };
+                if self.entries[lo].due as usize > hi {
+                    return Err(format!(
+                        "plan entries {lo} and {hi} overlap while both live"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Pool {
+    /// Plans the recorded step `rec` and takes its arena through the pool's normal path (a
+    /// group, as `alloc_arena` makes, held by the plan). An arena the pool cannot give leaves
+    /// no plan: the next step is recorded again.
+    pub(super) fn step_make_plan(&mut self, rec: &[Rec]) {
+        let mut p = StepPlan::of(rec);
+        if self.cfg.check {
+            if let Err(e) = p.check_plan() {
+                panic!("unsound plan: {e}");
+            }
+        }
+        if p.bytes > 0 {
+            let stream = rec
+                .iter()
+                .zip(&p.entries)
+                .find(|(_, e)| e.planned())
+                .map_or(0, |(r, _)| r.stream);
+            let (peak_live, peak_used) = (self.counters.peak_live, self.counters.peak_used);
+            let req = Request {
+                size: p.bytes,
+                stream,
+                ..Request::default()
+            };
+            let Ok((id, base)) = self.alloc_req(req, false) else {
+                self.steps.need = 1;
+                return;
+            };
+            // the arena is memory the plan uses, not an allocation: counted as used only
+            let c = &mut self.counters;
+            c.allocs -= 1;
+            c.live_bytes -= p.bytes;
+            c.peak_live = peak_live;
+            c.peak_used = peak_used.max(c.used_bytes);
+            if let Some(m) = &mut self.by_ptr {
+                m.remove(base);
+            }
+            let x = &mut self.allocs[id.index as usize];
+            x.state = State::Group;
+            x.members = 1; // the plan's hold
+            p.group = id.index;
+            p.base = base;
+        }
+        self.steps.plan = Some(p);
+    }
+
+    /// The plan's invariants (see `step.rs`).
+    pub(super) fn validate_step(&self) -> std::result::Result<(), String> {
+        let Some(p) = &self.steps.plan else {
+            return Ok(());
+        };
+        if p.group == NIL {
+            return if p.n_held == 0 && p.bytes == 0 {
+                Ok(())
+            } else {
+                Err("a plan without an arena holds entries".into())
+            };
+        }
+        let g = &self.allocs[p.group as usize];
+        if g.state != State::Group || g.members == 0 || g.ptr != p.base {
+            return Err(format!("the plan's arena {} is not its group", p.group));
+        }
+        if g.units() * GRANULE < p.bytes {
+            return Err("the plan's arena is smaller than its plan".into());
+        }
+        let mut seen = vec![false; p.entries.len()];
+        let mut ranges = Vec::new();
+        for (a, x) in self.allocs.iter().enumerate() {
+            if x.layout != Layout::Member(p.group)
+                || !matches!(x.state, State::Live | State::Freeing)
+            {
+                continue;
+            }
+            let k = self.steps.entry_of.get(a).copied().unwrap_or(NIL) as usize;
+            let Some(e) = p.entries.get(k) else {
+                return Err(format!("served allocation {a} names no plan entry"));
+            };
+            if !e.planned() || x.ptr != p.base + e.off || x.size != e.size {
+                return Err(format!("served allocation {a} is not where entry {k} is"));
+            }
+            if std::mem::replace(&mut seen[k], true) || !p.held[k] {
+                return Err(format!("plan entry {k} held by {a}, not once"));
+            }
+            ranges.push(e.range());
+        }
+        let held = p.held.iter().filter(|&&h| h).count();
+        if held != ranges.len() || held != p.n_held as usize {
+            return Err(format!(
+                "{held} plan entries held, {} counted, {} served allocations",
+                p.n_held,
+                ranges.len()
+            ));
+        }
+        ranges.sort_unstable();
+        if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
+            return Err("two held plan entries overlap".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,420 @@
+//! Steps served from a plan: recording, serving, departures, carried and stream-ordered
+//! frees, rebuilds, and a property test of random steps with random departures.
+
+use proptest::prelude::*;
+
+use super::tests::{device, MIB};
+use super::*;
+
+fn pool(vidmem: u64) -> Pool {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    Pool::new(device(vidmem), cfg).unwrap()
+}
+
+fn on(size: u64, stream: u64) -> Request {
+    Request {
+        size,
+        stream,
+        ..Request::default()
+    }
+}
+
+/// One event of a step: allocate request `i` (its size and stream), or free request `i`.
+#[derive(Clone, Copy, Debug)]
+enum Ev {
+    A(usize, u64, u64),
+    F(usize),
+}
+
+/// A training-like step: a long-lived buffer, activations freed in reverse, temporaries.
+fn base_step() -> Vec<Ev> {
+    use Ev::*;
+    vec![
+        A(0, 3 * MIB, 0),
+        A(1, MIB, 0),
+        A(2, 5 * MIB, 0),
+        A(3, 4096, 0),
+        F(3),
+        A(4, 2 * MIB + 512, 0),
+        F(2),
+        A(5, 700 * 1024, 0),
+        F(4),
+        F(5),
+        F(1),
+        F(0),
+    ]
+}
+
+/// Runs `evs` as one step; returns the handles left live (by request index).
+fn run_step(p: &mut Pool, evs: &[Ev]) -> BTreeMap<usize, AllocId> {
+    p.step_begin().unwrap();
+    let mut live = BTreeMap::new();
+    for &e in evs {
+        match e {
+            Ev::A(i, size, stream) => {
+                live.insert(i, p.alloc(on(size, stream)).unwrap().0);
+            }
+            Ev::F(i) => p.free(live.remove(&i).unwrap()).unwrap(),
+        }
+        disjoint(p);
+    }
+    p.step_end().unwrap();
+    live
+}
+
+use std::collections::BTreeMap;
+
+/// A pool that recorded one `base_step` and holds its plan.
+fn planned() -> Pool {
+    let mut p = pool(256 * MIB);
+    p.set_step_recording(1).unwrap();
+    run_step(&mut p, &base_step());
+    p
+}
+
+/// No two live or freeing allocations share a byte.
+fn disjoint(p: &Pool) {
+    let mut r: Vec<(u64, u64)> = p
+        .allocations()
+        .iter()
+        .map(|x| (x.ptr, x.ptr + x.rounded))
+        .collect();
+    r.sort_unstable();
+    for w in r.windows(2) {
+        assert!(w[1].0 >= w[0].1, "overlapping allocations {w:?}");
+    }
+}
+
+#[test]
+fn later_steps_are_served_from_the_plan() {
+    let mut p = pool(256 * MIB);
+    run_step(&mut p, &base_step());
+    run_step(&mut p, &base_step());
+    let c = p.step_counts();
+    assert_eq!((c.hits, c.misses, c.entries), (0, 0, 6));
+    // the step's live peak: requests 0, 1, 2 and 4 (3 + 1 + 5 + 2 MiB + 512 B, rounded)
+    let live_peak = 11 * MIB + 512;
+    assert!(
+        c.arena_bytes >= live_peak && c.arena_bytes <= live_peak + 4096,
+        "{c:?}"
+    );
+    let used = p.stats().used_bytes;
+    assert_eq!(used, c.arena_bytes, "the arena shows as used");
+    for _ in 0..3 {
+        run_step(&mut p, &base_step());
+    }
+    let c = p.step_counts();
+    assert_eq!((c.hits, c.misses, c.served_steps), (18, 0, 3));
+    // outside a step: the normal path
+    let (id, ptr) = p.alloc(on(MIB, 0)).unwrap();
+    let s = p.steps.plan.as_ref().unwrap();
+    assert!(ptr < s.base || ptr >= s.base + s.bytes);
+    p.free(id).unwrap();
+    assert_eq!(p.step_counts().hits, 18);
+    p.validate().unwrap();
+}
+
+#[test]
+fn served_pointers_lie_in_the_arena_at_their_offsets() {
+    let mut p = planned();
+    p.step_begin().unwrap();
+    let (_, p0) = p.alloc(on(3 * MIB, 0)).unwrap();
+    let s = p.steps.plan.as_ref().unwrap();
+    assert_eq!(p0, s.base + s.entries[0].off);
+    assert!(
+        p.set_step_recording(3).is_err(),
+        "set before the first step"
+    );
+}
+
+#[test]
+fn a_departing_request_falls_back_and_the_rest_still_hit() {
+    let mut p = planned();
+    // request 2 asks another size (dynamic shape), request 5 is on another stream
+    let mut step = base_step();
+    step[2] = Ev::A(2, 6 * MIB, 0);
+    step[7] = Ev::A(5, 700 * 1024, 9);
+    run_step(&mut p, &step);
+    let c = p.step_counts();
+    assert_eq!((c.hits, c.misses), (4, 2));
+    // an extra request inserted, and one dropped: the cursor re-synchronises
+    let mut step = base_step();
+    step.insert(1, Ev::A(9, 123_456, 0));
+    step.insert(2, Ev::F(9));
+    step.retain(|e| !matches!(e, Ev::A(3, ..) | Ev::F(3)));
+    run_step(&mut p, &step);
+    let c = p.step_counts();
+    assert_eq!((c.hits, c.misses), (4 + 5, 2 + 1));
+    p.validate().unwrap();
+}
+
+#[test]
+fn a_served_block_live_after_its_step_blocks_only_what_overlaps_it() {
+    let mut p = planned();
+    // request 1 (1 MiB) kept past the step's end
+    let mut step = base_step();
+    step.retain(|e| !matches!(e, Ev::F(1)));
+    let kept = run_step(&mut p, &step);
+    assert_eq!(p.step_counts().hits, 6);
+    // next step: entry 1 is still held; it and whatever overlaps it fall back, safely
+    let before = p.step_counts();
+    run_step(&mut p, &base_step());
+    let c = p.step_counts();
+    assert!(c.misses > before.misses, "entry 1 itself cannot be served");
+    assert!(c.hits > before.hits, "entries away from it still are");
+    p.free(kept[&1]).unwrap();
+    let before = p.step_counts();
+    run_step(&mut p, &base_step());
+    assert_eq!(p.step_counts().hits - before.hits, 6);
+    p.validate().unwrap();
+}
+
+#[test]
+fn a_served_block_freed_on_another_stream_waits_for_its_fence() {
+    let mut p = pool(256 * MIB);
+    p.set_step_recording(1).unwrap();
+    let step = [
+        Ev::A(0, 2 * MIB, 0),
+        Ev::F(0),
+        Ev::A(1, 2 * MIB, 0),
+        Ev::F(1),
+    ];
+    run_step(&mut p, &step);
+    let s = p.steps.plan.as_ref().unwrap();
+    assert_eq!(
+        s.entries[0].off, s.entries[1].off,
+        "the plan reuses the address"
+    );
+    p.step_begin().unwrap();
+    let (a, pa) = p.alloc(on(2 * MIB, 0)).unwrap();
+    let fence = p.free_async(a, 5).unwrap();
+    // stream 5's work may still use it: the second request takes other memory
+    let (b, pb) = p.alloc(on(2 * MIB, 0)).unwrap();
+    assert_ne!(pa, pb);
+    assert_eq!(p.step_counts().misses, 1);
+    p.free(b).unwrap();
+    p.step_end().unwrap();
+    p.complete(fence).unwrap();
+    p.step_begin().unwrap();
+    let (a, pa2) = p.alloc(on(2 * MIB, 0)).unwrap();
+    assert_eq!(pa2, pa);
+    p.free(a).unwrap();
+    p.step_end().unwrap();
+    p.validate().unwrap();
+}
+
+#[test]
+fn a_plan_that_keeps_missing_is_rebuilt() {
+    let mut p = planned();
+    let other: Vec<Ev> = base_step()
+        .into_iter()
+        .map(|e| match e {
+            Ev::A(i, s, st) => Ev::A(i, s + 256 * 3, st),
+            f => f,
+        })
+        .collect();
+    run_step(&mut p, &other);
+    assert_eq!(
+        p.step_counts().rebuilds,
+        0,
+        "one step is not enough to judge"
+    );
+    run_step(&mut p, &other);
+    let c = p.step_counts();
+    assert_eq!(
+        (c.rebuilds, c.arena_bytes),
+        (1, 0),
+        "dropped: recording again"
+    );
+    run_step(&mut p, &other); // recorded
+    run_step(&mut p, &other);
+    let c = p.step_counts();
+    assert_eq!(c.hits, 6, "the new plan serves the new step");
+    assert!(c.arena_bytes > 0);
+    p.validate().unwrap();
+}
+
+#[test]
+fn closing_with_served_blocks_live_gives_every_page_back() {
+    let mut p = planned();
+    p.step_begin().unwrap();
+    p.alloc(on(3 * MIB, 0)).unwrap();
+    assert_eq!(p.close().unwrap(), 1);
+    assert_eq!(p.reserved_bytes(), 0);
+    assert!(p.step_begin().is_err());
+}
+
+#[test]
+fn steps_open_and_close_in_pairs() {
+    let mut p = pool(64 * MIB);
+    assert!(matches!(p.step_end(), Err(Error::InvalidState(_))));
+    p.step_begin().unwrap();
+    assert!(matches!(p.step_begin(), Err(Error::InvalidState(_))));
+    p.step_end().unwrap();
+    assert!(matches!(
+        p.set_step_recording(0),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[derive(Clone, Debug)]
+enum Dep {
+    /// Request `i` asks `extra` more granules.
+    Resize(usize, u64),
+    /// Request `i` is not made (nor freed).
+    Drop(usize),
+    /// Request `i` is freed at the step's end instead.
+    Late(usize),
+    /// Request `i` is freed on stream 7 (stream-ordered), completed at the step's end.
+    Async(usize),
+    /// Request `i` is left live into the next step, freed at its end.
+    Carry(usize),
+}
+
+fn dep() -> impl Strategy<Value = Dep> {
+    prop_oneof![
+        (0..24usize, 1..64u64).prop_map(|(i, e)| Dep::Resize(i, e)),
+        (0..24usize).prop_map(Dep::Drop),
+        (0..24usize).prop_map(Dep::Late),
+        (0..24usize).prop_map(Dep::Async),
+        (0..24usize).prop_map(Dep::Carry),
+    ]
+}
+
+/// A random step of up to 24 requests: sizes from 256 B to 6 MiB, each freed after a
+/// random number of later events (some outlive the step).
+fn step_seq() -> impl Strategy<Value = Vec<(u64, u64, usize)>> {
+    proptest::collection::vec((8u32..23, 0..2u64, 0usize..30), 1..24).prop_map(|v| {
+        v.into_iter()
+            .map(|(lg, stream, life)| {
+                (
+                    (1u64 << lg) + (life as u64 * 4096) % (1 << lg),
+                    stream,
+                    life,
+                )
+            })
+            .collect()
+    })
+}
+
+/// The events of a step from `seq` with departures `deps`.
+fn events(seq: &[(u64, u64, usize)], deps: &[Dep]) -> (Vec<Ev>, Vec<usize>, Vec<usize>) {
+    let mut sizes: Vec<Option<(u64, u64)>> = seq.iter().map(|&(s, st, _)| Some((s, st))).collect();
+    let (mut late, mut asyncs, mut carry) = (vec![], vec![], vec![]);
+    for d in deps {
+        match *d {
+            Dep::Resize(i, e) if i < seq.len() => {
+                sizes[i] = sizes[i].map(|(s, st)| (s + e * GRANULE, st))
+            }
+            Dep::Drop(i) if i < seq.len() => sizes[i] = None,
+            Dep::Late(i) if i < seq.len() => late.push(i),
+            Dep::Async(i) if i < seq.len() => asyncs.push(i),
+            Dep::Carry(i) if i < seq.len() => carry.push(i),
+            _ => {}
+        }
+    }
+    // event order: request i at time 2i, its free at 2(i + life) + 1
+    let mut evs: Vec<(usize, Ev)> = vec![];
+    for (i, &(_, _, life)) in seq.iter().enumerate() {
+        let Some((s, st)) = sizes[i] else { continue };
+        evs.push((2 * i, Ev::A(i, s, st)));
+        let end = i + life;
+        if end < seq.len() && !late.contains(&i) && !carry.contains(&i) {
+            evs.push((2 * end + 1, Ev::F(i)));
+        }
+    }
+    evs.sort_by_key(|e| e.0);
+    let present = |i: &usize| sizes[*i].is_some();
+    (
+        evs.into_iter().map(|e| e.1).collect(),
+        asyncs.into_iter().filter(present).collect(),
+        carry.into_iter().filter(present).collect(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    /// Random steps with random departures: served or not, no two live allocations ever share
+    /// a byte, every request succeeds (the device is large enough for the normal path to
+    /// serve all of them), and the plan's invariants hold after every call (`cfg.check`).
+    #[test]
+    fn random_departures_never_overlap_or_fail(
+        seq in step_seq(),
+        steps in proptest::collection::vec(proptest::collection::vec(dep(), 0..4), 1..7),
+        record in 1u32..3,
+    ) {
+        let mut p = pool(1 << 30);
+        p.set_step_recording(record).unwrap();
+        let mut carried: Vec<AllocId> = vec![];
+        let mut plain = 0;
+        for deps in std::iter::once(vec![]).chain(std::iter::once(vec![])).chain(steps) {
+            let (evs, asyncs, carry) = events(&seq, &deps);
+            p.step_begin().unwrap();
+            let mut live: BTreeMap<usize, AllocId> = BTreeMap::new();
+            let mut fences = vec![];
+            for e in evs {
+                match e {
+                    Ev::A(i, s, st) => {
+                        let (id, _) = p.alloc(on(s, st)).unwrap();
+                        live.insert(i, id);
+                        // allocations outside the plan's arena and its requests interleave
+                        if i % 5 == 0 {
+                            plain += 1;
+                            let (x, _) = p.alloc(on(4096 * (plain % 7 + 1), 0)).unwrap();
+                            p.free(x).unwrap();
+                        }
+                    }
+                    Ev::F(i) => {
+                        let id = live.remove(&i).unwrap();
+                        if asyncs.contains(&i) {
+                            fences.push(p.free_async(id, 7).unwrap());
+                        } else {
+                            p.free(id).unwrap();
+                        }
+                    }
+                }
+                disjoint(&p);
+            }
+            for id in carried.drain(..) {
+                p.free(id).unwrap();
+            }
+            p.step_end().unwrap();
+            for (i, id) in live {
+                if carry.contains(&i) {
+                    carried.push(id);
+                } else {
+                    p.free(id).unwrap();
+                }
+            }
+            for f in fences {
+                p.complete(f).unwrap();
+            }
+            disjoint(&p);
+        }
+        p.validate().unwrap();
+        p.close().unwrap();
+        prop_assert_eq!(p.reserved_bytes(), 0);
+    }
+}
+
+#[test]
+fn a_plan_never_makes_a_request_fail_that_the_normal_path_serves() {
+    // the plan's arena holds 40 of the device's 64 MiB; a departing 48 MiB request fits
+    // only once the arena goes back
+    let mut p = pool(64 * MIB);
+    p.set_step_recording(1).unwrap();
+    run_step(&mut p, &[Ev::A(0, 40 * MIB, 0), Ev::F(0)]);
+    assert_eq!(p.step_counts().arena_bytes, 40 * MIB);
+    let live = run_step(&mut p, &[Ev::A(0, 48 * MIB, 0)]);
+    let c = p.step_counts();
+    assert_eq!((c.misses, c.rebuilds, c.arena_bytes), (1, 1, 0));
+    p.free(live[&0]).unwrap();
+    // the step the plan was dropped in is not recorded; the next is, and planned
+    run_step(&mut p, &[Ev::A(0, 8 * MIB, 0), Ev::F(0)]);
+    assert_eq!(p.step_counts().arena_bytes, 8 * MIB);
+    run_step(&mut p, &[Ev::A(0, 8 * MIB, 0), Ev::F(0)]);
+    assert_eq!(p.step_counts().hits, 1);
+    p.validate().unwrap();
+}

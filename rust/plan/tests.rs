@@ -1,0 +1,247 @@
+//! Hand cases with their exact optimum (by brute force), edge cases, and the checks every
+//! plan must pass (`check`, shared with the property tests).
+
+use super::bound::round_up;
+use super::*;
+
+/// Lifetimes as the planner reads them: `[s, s + 1)` for an empty one.
+fn span(it: &Item) -> (u128, u128) {
+    let s = it.start as u128;
+    (
+        s,
+        if it.end > it.start {
+            it.end as u128
+        } else {
+            s + 1
+        },
+    )
+}
+
+/// The peak of live aligned bytes, by looking at every start (where the peak must be).
+pub fn live_peak_slow(items: &[Item], align: u64) -> u128 {
+    items
+        .iter()
+        .map(|a| {
+            let t = span(a).0;
+            items
+                .iter()
+                .filter(|b| span(b).0 <= t && t < span(b).1)
+                .map(|b| round_up(b.size, align))
+                .sum::<u128>()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Every property a plan of `items` must have; panics (in tests) naming the first broken.
+pub fn check(items: &[Item], align: u64, p: &Plan) {
+    assert_eq!(p.offsets.len(), items.len());
+    let mut top = 0u128;
+    for (i, it) in items.iter().enumerate() {
+        assert_eq!(p.offsets[i] % align, 0, "offset {i} not aligned");
+        let sz = round_up(it.size, align);
+        if sz > 0 {
+            top = top.max(p.offsets[i] as u128 + sz);
+        }
+    }
+    for (i, a) in items.iter().enumerate() {
+        let (sa, ea) = (
+            p.offsets[i] as u128,
+            p.offsets[i] as u128 + round_up(a.size, align),
+        );
+        for (j, b) in items.iter().enumerate().skip(i + 1) {
+            let (sb, eb) = (
+                p.offsets[j] as u128,
+                p.offsets[j] as u128 + round_up(b.size, align),
+            );
+            let time = span(a).0 < span(b).1 && span(b).0 < span(a).1;
+            let space = sa < eb && sb < ea;
+            assert!(
+                !(time && space),
+                "items {i} {a:?} at {sa} and {j} {b:?} at {sb} overlap"
+            );
+        }
+    }
+    assert_eq!(p.peak as u128, top, "peak is not the highest end");
+    assert_eq!(
+        p.bound as u128,
+        live_peak_slow(items, align),
+        "bound is not the live peak"
+    );
+    assert!(p.peak >= p.bound);
+}
+
+/// The optimum: first fit over every order (some order's first fit is optimal: take an
+/// optimal plan and drop each item, lowest first, as low as it fits).
+pub fn optimum(items: &[Item], align: u64) -> u128 {
+    fn perms(n: usize, cur: &mut Vec<usize>, used: &mut Vec<bool>, f: &mut dyn FnMut(&[usize])) {
+        if cur.len() == n {
+            return f(cur);
+        }
+        for i in 0..n {
+            if !used[i] {
+                used[i] = true;
+                cur.push(i);
+                perms(n, cur, used, f);
+                cur.pop();
+                used[i] = false;
+            }
+        }
+    }
+    let mut best = u128::MAX;
+    perms(
+        items.len(),
+        &mut Vec::new(),
+        &mut vec![false; items.len()],
+        &mut |order| {
+            let mut placed: Vec<(usize, u128)> = Vec::new();
+            let mut top = 0;
+            for &i in order {
+                let (s, e) = span(&items[i]);
+                let sz = round_up(items[i].size, align);
+                let mut near: Vec<(u128, u128)> = placed
+                    .iter()
+                    .filter(|&&(j, _)| span(&items[j]).0 < e && s < span(&items[j]).1)
+                    .map(|&(j, o)| (o, o + round_up(items[j].size, align)))
+                    .collect();
+                let off = place::gap(&mut near, sz, place::Fit::First);
+                placed.push((i, off));
+                if sz > 0 {
+                    top = top.max(off + sz);
+                }
+            }
+            best = best.min(top);
+        },
+    );
+    best
+}
+
+fn it(size: u64, start: u64, end: u64) -> Item {
+    Item { size, start, end }
+}
+
+#[test]
+fn empty_input_is_an_empty_plan() {
+    let p = plan(&[], 512);
+    assert!(p.offsets.is_empty());
+    assert_eq!((p.peak, p.bound), (0, 0));
+}
+
+#[test]
+fn memory_is_reused_across_lifetimes() {
+    let items = [it(100, 0, 2), it(100, 2, 4), it(50, 1, 3)];
+    let p = plan(&items, 1);
+    check(&items, 1, &p);
+    assert_eq!(p.peak, 150);
+}
+
+/// Cases where a single greedy order misses the optimum; the plan must reach it.
+#[test]
+fn hand_cases_reach_the_optimum() {
+    let cases: Vec<Vec<Item>> = vec![
+        // a staircase: each item overlaps the next
+        vec![it(2, 0, 2), it(2, 1, 3), it(2, 2, 4), it(2, 3, 5)],
+        // the largest item is short-lived: by size alone it takes the bottom
+        vec![
+            it(4, 2, 3),
+            it(2, 0, 6),
+            it(2, 0, 3),
+            it(2, 3, 6),
+            it(2, 1, 5),
+        ],
+        // three sizes interleaved, live bytes never above 6
+        vec![
+            it(3, 0, 4),
+            it(3, 4, 8),
+            it(2, 0, 2),
+            it(1, 2, 6),
+            it(2, 6, 8),
+            it(3, 2, 6),
+            it(1, 0, 8),
+        ],
+        // a large block arriving when the small ones are spread out
+        vec![
+            it(1, 0, 3),
+            it(1, 0, 1),
+            it(1, 1, 3),
+            it(1, 0, 2),
+            it(3, 3, 4),
+            it(1, 2, 4),
+        ],
+    ];
+    for items in cases {
+        let p = plan(&items, 1);
+        check(&items, 1, &p);
+        assert_eq!(p.peak as u128, optimum(&items, 1), "{items:?}");
+    }
+}
+
+#[test]
+fn alignment_rounds_every_size() {
+    let items = [it(1, 0, 5), it(513, 0, 5), it(0, 0, 5), it(100, 5, 6)];
+    let p = plan(&items, 512);
+    check(&items, 512, &p);
+    assert_eq!(p.peak, 512 + 1024);
+    assert_eq!(p.bound, 512 + 1024);
+}
+
+#[test]
+fn plans_are_deterministic() {
+    let items: Vec<Item> = (0..500u64)
+        .map(|i| it((i * 7919) % 4099 + 1, i % 97, i % 97 + 1 + (i * 31) % 50))
+        .collect();
+    let (a, b) = (plan(&items, 8), plan(&items, 8));
+    assert_eq!(
+        (a.offsets.clone(), a.peak, a.bound),
+        (b.offsets, b.peak, b.bound)
+    );
+    check(&items, 8, &a);
+}
+
+#[test]
+fn huge_sizes_saturate_or_error_never_panic() {
+    let items = [
+        it(u64::MAX, 0, 2),
+        it(u64::MAX, 1, 3),
+        it(u64::MAX - 5, u64::MAX, 0),
+    ];
+    let p = plan(&items, 512);
+    assert_eq!(p.peak, u64::MAX);
+    assert!(try_plan(&items, 512, &Options::default()).is_err());
+    let one = [it(u64::MAX, 0, 1)];
+    assert!(try_plan(&one, 1, &Options::default()).is_ok());
+    // rounding u64::MAX up to 512 passes 2^64: an error, not an overflow
+    assert!(try_plan(&one, 512, &Options::default()).is_err());
+}
+
+#[test]
+fn bad_alignment_is_an_error_for_try_plan_and_rounded_for_plan() {
+    let items = [it(3, 0, 1)];
+    assert!(try_plan(&items, 0, &Options::default()).is_err());
+    assert!(try_plan(&items, 24, &Options::default()).is_err());
+    let p = plan(&items, 24);
+    check(&items, 32, &p);
+    assert_eq!(plan(&items, 0).peak, 3);
+}
+
+#[test]
+fn no_budget_still_gives_a_valid_plan() {
+    let items: Vec<Item> = (0..300u64)
+        .map(|i| it(i % 13 * 100 + 1, i, i + 1 + i % 17))
+        .collect();
+    let opts = Options {
+        budget: 0,
+        rounds: 0,
+    };
+    let p = try_plan(&items, 1, &opts).unwrap();
+    check(&items, 1, &p);
+}
+
+#[test]
+fn items_live_throughout_go_at_the_bottom() {
+    let items = [it(10, 0, 10), it(5, 0, 3), it(7, 3, 10), it(1, 0, 10)];
+    let p = plan(&items, 1);
+    check(&items, 1, &p);
+    assert_eq!((p.offsets[0], p.offsets[3]), (0, 10));
+    assert_eq!(p.peak, p.bound);
+}
