@@ -10,6 +10,7 @@ pub mod replay;
 pub mod traces;
 pub mod units;
 pub mod uvm;
+pub mod va;
 
 #[cfg(feature = "python")]
 mod bindings;
