@@ -11,6 +11,7 @@ pub mod replay;
 pub mod traces;
 pub mod units;
 pub mod uvm;
+pub mod va;
 
 #[cfg(feature = "python")]
 mod bindings;

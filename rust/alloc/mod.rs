@@ -92,6 +92,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::pmm::{ChunkId, ChunkType, Pmm};
 use crate::units::format_size;
+use crate::va::Va;
 use bins::{bin_of, Bins, Link, LinkRead, LinkWrite, NIL, NUM_BINS};
 use cache::{Lookup, SizeCache};
 use ptrmap::PtrMap;
@@ -123,7 +124,6 @@ pub struct Pool {
     max_bytes: u64,
     small_units: u64,
     slack_units: u32,
-    direct_base: u64,
     /// Per page: its kind; its first block (Heap and Large pages only: not written for the
     /// others); its PMM chunk (bits of its ChunkId) while the pool holds it. Three arrays, so
     /// that opening or freeing a segment of many pages writes one byte a page (with one
@@ -133,15 +133,8 @@ pub struct Pool {
     page_first: Table<u32>,
     page_chunk: Table<u64>,
     free_pages: Runs,
-    window_base: u64,
-    window_bytes: u64,
-    window: Runs,
-    /// Freed window ranges of up to `WINDOW_CACHE` pages, by length, kept for reuse as they
-    /// are (a stitched allocation of a length seen before takes one in O(1), without the
-    /// runs' merging); given back to `window` when it runs short.
-    window_cache: Vec<Vec<u32>>,
-    /// The backend maps (host, CUDA); a simulated one does not, and its calls are skipped.
-    maps: bool,
+    /// The direct map and the stitching window (`crate::va`).
+    va: Va<Runs>,
     /// Free whole pages inside large segments go back to the free pages at once (a pool with
     /// a release threshold), not only when a request needs them (`reclaim`).
     eager: bool,
@@ -260,10 +253,9 @@ impl Pool {
         // Twice the device: stitched allocations never run out of window before the device
         // runs out of pages, however the window fragments.
         let window_pages = num_pages.saturating_mul(2).max(1);
-        let window_bytes = window_pages as u64 * ps;
-        let window_base = backend.reserve(window_bytes)?;
         let mut window = Runs::new(window_pages);
         window.free(0, window_pages);
+        let va = Va::new(&*backend, ps.trailing_zeros(), window, WINDOW_CACHE)?;
         let pg = (ps / GRANULE) as u32;
         let mut pool = Pool {
             pg,
@@ -272,16 +264,11 @@ impl Pool {
             max_bytes: max.min(num_pages as u64 * ps),
             small_units: cfg.small_threshold.div_ceil(GRANULE),
             slack_units: (cfg.tail_slack / GRANULE) as u32,
-            direct_base: backend.direct_base(),
             pages: vec![PageKind::Absent; num_pages as usize].into(),
             page_first: vec![NIL; num_pages as usize].into(),
             page_chunk: vec![0; num_pages as usize].into(),
             free_pages: Runs::new(num_pages),
-            window_base,
-            window_bytes,
-            window,
-            window_cache: vec![Vec::new(); WINDOW_CACHE + 1],
-            maps: backend.maps(),
+            va,
             eager: cfg.release_threshold.is_some(),
             journal: Vec::new(),
             batching: false,

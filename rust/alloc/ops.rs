@@ -319,9 +319,7 @@ impl Pool {
             self.dev.backend.fence_drop(ev);
         }
         self.release_pages(0);
-        self.dev
-            .backend
-            .unreserve(self.window_base, self.window_bytes);
+        self.va.release(&*self.dev.backend);
         self.closed = true;
         self.check();
         Ok(live)

@@ -202,7 +202,7 @@ impl Pool {
 
     /// The virtual address of granule `off` of page `p` in the direct map.
     pub(super) fn direct_addr(&self, p: u32, off: u32) -> u64 {
-        self.direct_base + ((p as u64) << self.page_shift) + off as u64 * GRANULE
+        self.va.direct(p, off as u64 * GRANULE)
     }
 
     /// Granules in used blocks of a heap or large page (a walk: for defrag and statistics).

@@ -287,6 +287,26 @@ impl Runs {
     }
 }
 
+impl crate::va::Ranges for Runs {
+    #[inline(always)]
+    fn alloc(&mut self, n: u32) -> Option<u32> {
+        Runs::alloc(self, n)
+    }
+    #[inline(always)]
+    fn free(&mut self, start: u32, n: u32) {
+        Runs::free(self, start, n)
+    }
+    fn capacity(&self) -> u32 {
+        Runs::capacity(self)
+    }
+    fn free_units(&self) -> u64 {
+        Runs::free_units(self)
+    }
+    fn validate(&self) -> Result<(), String> {
+        Runs::validate(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

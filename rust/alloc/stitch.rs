@@ -1,5 +1,5 @@
-//! Stitched layouts: their pages mapped back to back into the stitching window, and the
-//! window's range cache.
+//! Stitched layouts: their pages listed in mapping order and mapped back to back into the
+//! stitching window (`crate::va`), and given back.
 
 use super::*;
 
@@ -81,59 +81,16 @@ impl Pool {
         if count == 1 {
             return Ok(self.direct_addr(first, head_off));
         }
-        let w = self
-            .window_take(total)
-            .ok_or_else(|| Error::OutOfMemory("the pool's stitching window is exhausted".into()))?;
-        let ps = self.cfg.page_size;
-        let base = self.window_base + ((w as u64) << self.page_shift);
-        if self.maps {
-            let mut segs: SmallVec<[(u32, u32); 8]> = SmallVec::new();
+        let mut segs: SmallVec<[(u32, u32); 8]> = SmallVec::new();
+        if self.va.maps() {
             self.for_segments(&self.stitches[i as usize], |p, n| segs.push((p, n)));
-            let mut va = base;
-            for &(p, n) in &segs {
-                let len = n as u64 * ps;
-                if let Err(e) = self.dev.backend.map(va, (p as u64) << self.page_shift, len) {
-                    let _ = self.dev.backend.unmap(base, va - base);
-                    self.window_give(w, total);
-                    return Err(e);
-                }
-                va += len;
-            }
         }
+        let w = self.va.map(&*self.dev.backend, total, &segs)?;
         let st = &mut self.stitches[i as usize];
         st.window = w;
         st.window_len = total;
         self.counters.stitched += 1;
-        Ok(base + head_off as u64 * GRANULE)
-    }
-
-    /// Window pages for a stitched allocation: a cached range of that length, else from the
-    /// runs, else (the runs being short) after giving every cached range back.
-    #[inline]
-    pub(super) fn window_take(&mut self, n: u32) -> Option<u32> {
-        if let Some(w) = self.window_cache.get_mut(n as usize).and_then(|v| v.pop()) {
-            return Some(w);
-        }
-        self.window.alloc(n).or_else(|| {
-            self.window_flush();
-            self.window.alloc(n)
-        })
-    }
-
-    #[inline]
-    pub(super) fn window_give(&mut self, w: u32, n: u32) {
-        match self.window_cache.get_mut(n as usize) {
-            Some(v) => v.push(w),
-            None => self.window.free(w, n),
-        }
-    }
-
-    pub(super) fn window_flush(&mut self) {
-        for n in 0..self.window_cache.len() {
-            for w in std::mem::take(&mut self.window_cache[n]) {
-                self.window.free(w, n as u32);
-            }
-        }
+        Ok(self.va.translate(w) + head_off as u64 * GRANULE)
     }
 
     /// Returns a layout's memory: blocks, pages and window.
@@ -154,13 +111,7 @@ impl Pool {
                 let st = std::mem::take(&mut self.stitches[i as usize]);
                 self.vacant_stitches.push(i);
                 if st.window != NIL {
-                    if self.maps {
-                        let va = self.window_base + ((st.window as u64) << self.page_shift);
-                        let len = (st.window_len as u64) << self.page_shift;
-                        let r = self.dev.backend.unmap(va, len);
-                        debug_assert!(r.is_ok(), "unmap failed: {r:?}");
-                    }
-                    self.window_give(st.window, st.window_len);
+                    self.va.unmap(&*self.dev.backend, st.window, st.window_len);
                 }
                 if st.head != NIL {
                     self.release_block(st.head);
@@ -182,14 +133,5 @@ impl Pool {
             Layout::Member(g) => self.is_stitched(self.allocs[g as usize].layout),
             _ => false,
         }
-    }
-
-    /// Pages of the stitching window held in `window_cache` (free, not in `window`).
-    pub(super) fn window_cached_pages(&self) -> u64 {
-        self.window_cache
-            .iter()
-            .enumerate()
-            .map(|(n, v)| n as u64 * v.len() as u64)
-            .sum()
     }
 }

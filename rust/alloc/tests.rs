@@ -595,15 +595,15 @@ fn stitching_uses_scattered_pages() {
     let (big, ptr) = p.alloc(req(10 * MIB)).unwrap();
     let info = p.info(big).unwrap();
     assert!(info.stitched);
-    assert!(ptr >= p.window_base && ptr < p.window_base + p.window_bytes);
+    assert!(p.va.in_window(ptr));
     assert_eq!(p.stats().free_bytes, 0);
     assert!(p.alloc(req(1)).is_err());
     p.free(big).unwrap();
     // the window range is cached for the next stitched allocation of its length
-    let cached = p.window_cached_pages();
-    assert_eq!(p.window.free_units() + cached, p.window.capacity() as u64);
-    p.window_flush();
-    assert_eq!(p.window.free_units(), p.window.capacity() as u64);
+    assert_eq!(p.va.used_pages(), 0);
+    p.va.flush();
+    assert_eq!(p.va.cached_pages(), 0);
+    assert_eq!(p.va.used_pages(), 0);
 }
 
 #[test]

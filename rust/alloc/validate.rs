@@ -88,7 +88,7 @@ impl Pool {
         self.free_pages
             .validate()
             .map_err(|e| format!("free pages: {e}"))?;
-        self.window.validate().map_err(|e| format!("window: {e}"))?;
+        self.va.validate().map_err(|e| format!("window: {e}"))?;
         let ps = self.cfg.page_size;
         let mut free_runs = vec![false; self.pages.len()];
         for (s, l) in self.free_pages.runs() {
@@ -404,8 +404,7 @@ impl Pool {
                 ));
             }
         }
-        let cached = self.window_cached_pages();
-        let window_used = self.window.capacity() as u64 - self.window.free_units() - cached;
+        let window_used = self.va.used_pages();
         if mapped != window_used {
             return Err(format!("{mapped} window pages owned, {window_used} used"));
         }
