@@ -21,6 +21,8 @@ __all__ = [
     "Uvm",
     "replay",
     "replay_min_capacity",
+    "plan_items",
+    "plan_trace",
     "_set_c_pool",
     "TraceLog",
     "Snapshot",
@@ -68,6 +70,26 @@ def replay_min_capacity(
     step: Optional[int] = None,
     options: Optional[dict[str, Any]] = None,
 ) -> Optional[int]: ...
+
+def plan_items(
+    sizes: Any,
+    starts: Any,
+    ends: Any,
+    align: int = 512,
+    *,
+    budget: Optional[int] = None,
+) -> dict[str, Any]: ...
+def plan_trace(
+    actions: Any,
+    ids: Any,
+    sizes: Any,
+    streams: Any,
+    addrs: Any,
+    start: Optional[_Start] = None,
+    *,
+    align: int = 512,
+    budget: Optional[int] = None,
+) -> dict[str, Any]: ...
 
 _Size = Union[int, str, SupportsIndex]
 

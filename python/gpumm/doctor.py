@@ -68,6 +68,14 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
                     f"vs {fs(g.peak_reserved)})", c.peak_reserved - g.peak_reserved))
     add(Finding("fact", f"peak live {fs(rep.peak_live)}; no allocator can need less than "
                 f"{fs(drv.min_capacity or rep.peak_live)} of device for this trace"))
+    pl = rep.planned
+    if pl is not None:
+        above = (f"; gpumm is {fs(g.peak_reserved - pl.peak_reserved)} above it"
+                 if g.ran and g.peak_reserved >= pl.peak_reserved else
+                 f"; gpumm is {fs(pl.peak_reserved - g.peak_reserved)} below it" if g.ran else "")
+        add(Finding("fact", f"no allocator can do better than {fs(pl.bound)} on this trace (the "
+                    f"peak of live bytes); the best plan found reserves {fs(pl.peak_reserved)}"
+                    f"{above}"))
     d.rank()
     d.findings = oom_findings + d.findings  # the recorded failure first: it is the question
     return d

@@ -35,7 +35,8 @@ from gpumm.traces.base import Trace
 from gpumm.traces.prepare import Prepared, prepare
 from gpumm.units import SizeLike, parse_size
 
-__all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Report", "prepare", "replay",
+__all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Planned", "Report", "prepare", "replay",
+           "plan_prepared",
            "read_devices", "replay_file", "devices_json", "run_model", "recorded_options"]
 
 #: Every allocator model, in report order.
@@ -78,6 +79,43 @@ class AllocatorResult:
 
 
 @dataclass
+class Planned:
+    """The offline plan of a trace (``rust/plan``, ``docs/plan.md``): every allocation placed
+    knowing every lifetime, sizes rounded to ``align`` bytes. Bytes."""
+
+    #: the highest address the plan uses: what an allocator serving it reserves
+    peak_reserved: int
+    #: the peak of live aligned bytes: no allocator can reserve less on this trace
+    bound: int
+    align: int
+    seconds: float
+
+    @property
+    def ratio(self) -> float:
+        """Peak reserved ÷ the bound (1.0: the plan is optimal)."""
+        return self.peak_reserved / self.bound if self.bound else 1.0
+
+    def to_json(self) -> Dict[str, Any]:
+        """``peak_reserved``, ``bound``, ``ratio`` (to the bound), ``align``, ``seconds``."""
+        return {"peak_reserved": self.peak_reserved, "bound": self.bound,
+                "ratio": round(self.ratio, 6), "align": self.align,
+                "seconds": round(self.seconds, 4)}
+
+
+#: the planner's alignment: PyTorch's and gpumm's smallest block (512 bytes)
+PLAN_ALIGN = 512
+
+
+def plan_prepared(p: Prepared, align: int = PLAN_ALIGN) -> Planned:
+    """The offline plan of a prepared trace: each allocation lives from its event to its free
+    (``free_completed`` in a snapshot), the start state's from the start, those never freed
+    to the end. The core releases the GIL while it plans."""
+    blocks = p.start
+    raw = _core.plan_trace(p.actions, p.ids, p.sizes, p.streams, p.addrs, blocks, align=align)
+    return Planned(raw["peak"], raw["bound"], align, raw["seconds"])
+
+
+@dataclass
 class Report:
     """A trace replayed through several allocators."""
 
@@ -100,6 +138,8 @@ class Report:
     recorded_ooms: List[Dict[str, Any]] = field(default_factory=list)
     #: the time of the trace's first event, in µs (for times relative to it)
     start_us: int = 0
+    #: the offline plan's peak and the bound (None: not asked for, or the planner failed)
+    planned: Optional[Planned] = None
 
     def to_json(self) -> Dict[str, Any]:
         """Plain data: ``trace``, ``format``, ``device``, ``events``, ``allocations``,
@@ -111,7 +151,8 @@ class Report:
         ``fragmentation_at_peak`` (of that free memory), ``events_per_second``, ``op_ns_mean``
         (an allocation's mean time, sampled), ``first_oom``, ``error`` (the core's message
         when this allocator failed, else null), and ``address_match`` for the caching model
-        on a snapshot. Several devices: :func:`devices_json`."""
+        on a snapshot; ``planned``: the offline plan (:meth:`Planned.to_json`) or null.
+        Several devices: :func:`devices_json`."""
         out: Dict[str, Any] = {
             "trace": self.source,
             "format": self.format,
@@ -126,6 +167,7 @@ class Report:
                                "device_free": o.get("device_free")}
                               for o in self.recorded_ooms],
             "allocators": {},
+            "planned": self.planned.to_json() if self.planned else None,
         }
         for name, r in self.results.items():
             entry: Dict[str, Any] = {
@@ -246,10 +288,12 @@ def replay(
     step: Optional[SizeLike] = None,
     caching_options: Optional[Dict[str, Any]] = None,
     progress: Optional[Callable[[str], None]] = None,
+    planned: bool = True,
 ) -> Report:
     """Replays ``trace`` through each allocator at ``capacity`` (default: ``device``'s), and
     finds each one's smallest capacity with no out-of-memory failure, to ``step`` (default:
-    1 % of the trace's peak live bytes or 2 MiB, whichever is larger, in whole 2 MiB pages)."""
+    1 % of the trace's peak live bytes or 2 MiB, whichever is larger, in whole 2 MiB pages);
+    ``planned``: plan the trace offline too (:attr:`Report.planned`)."""
     names = list(allocators)
     unknown = [n for n in names if n not in ALLOCATORS]
     if unknown:
@@ -266,6 +310,12 @@ def replay(
         if progress:
             progress(name)
         results[name] = run_model(name, p, cap, opts, unit, min_capacity)
+    plan: Optional[Planned] = None
+    if planned:
+        try:
+            plan = plan_prepared(p)
+        except GpummError:
+            plan = None
     return Report(
         source=trace.source,
         format=trace.format,
@@ -280,6 +330,7 @@ def replay(
         device=trace.device,
         recorded_ooms=trace.recorded_ooms(),
         start_us=trace.events[0].time_us if trace.events else 0,
+        planned=plan,
     )
 
 

@@ -66,11 +66,18 @@ def table(report: Report) -> Group:
              f"{r.fragmentation_at_peak:.0%}",
              f"{r.events_per_second / 1e6:.1f} M"] if r.ran else [name, "error"] + ["–"] * 6
             for name, r in report.results.items()]
+    pl = report.planned
+    if pl is not None:
+        rows.append(["planned", _short(pl.peak_reserved),
+                     f"{pl.peak_reserved / report.peak_live:.4f}" if report.peak_live else "–",
+                     "0", _short(pl.peak_reserved), "–", "–", "–"])
     parts: List[Any] = [
         _rich_table(title, ["allocator", "reserved", "÷ live", "OOMs", "min cap.", "free",
                             "frag.", "ev/s"], rows),
         Text(LEGEND, style="dim"),
     ]
+    if pl is not None:
+        parts.append(Text(planned_text(report), style="dim"))
     rec = report.recorded_peak_reserved
     if rec:
         rows = [[name, f"{r.peak_reserved / rec - 1:+.2%}" if r.ran else "error",
@@ -80,6 +87,21 @@ def table(report: Report) -> Group:
             f"Against PyTorch's own run: it reserved {format_size(rec)} at its peak",
             ["allocator", "reserve vs PyTorch's", "same address as PyTorch"], rows))
     return Group(*parts)
+
+
+def planned_text(report: Report) -> str:
+    """The offline plan against the bound, and gpumm's pool against the plan, in one line."""
+    pl = report.planned
+    if pl is None:
+        return ""
+    g = report.results.get("gpumm")
+    line = (f"planned: every lifetime known in advance, a plan reserves "
+            f"{format_size(pl.peak_reserved)}, {pl.ratio:.4f} × the bound "
+            f"{format_size(pl.bound)} (the peak of live bytes in 512-byte blocks; no allocator "
+            f"can reserve less)")
+    if g is not None and g.ran and pl.peak_reserved:
+        line += f"; gpumm reserves {g.peak_reserved / pl.peak_reserved:.4f} × the plan"
+    return line
 
 
 def _rich_table(title: str, heads: List[str], rows: List[List[str]]) -> Table:
@@ -265,6 +287,12 @@ def _device_section(report: Report, heading: bool, trace: Any = None, diagnosis:
             match = "–" if r.address_match is None else f"{r.address_match:.2%}"
             against.append(f"<tr>{swatch}<td>{r.peak_reserved / rec - 1:+.2%}</td>"
                            f"<td>{match}</td></tr>")
+    pl = report.planned
+    if pl is not None:
+        live = f"{pl.peak_reserved / report.peak_live:.4f}" if report.peak_live else "–"
+        rows.append(f'<tr><td><span class="sw" style="background:#666"></span>planned</td>'
+                    f"<td>{esc(format_size(pl.peak_reserved))}</td><td>{live}</td><td>0</td>"
+                    f"<td>{esc(_gib(pl.peak_reserved))}</td>" + "<td>–</td>" * 3 + "</tr>")
     head = ["allocator", "peak reserved", "÷ peak live", "OOMs", "min capacity",
             "free at peak", "fragmentation", "events/s"]
     # (a table of its own, as in the terminal: ten columns did not fit the page)
@@ -293,6 +321,7 @@ def _device_section(report: Report, heading: bool, trace: Any = None, diagnosis:
                 f"{esc(format_size(rec))} at its peak ({rec / report.peak_live:.4f} × peak "
                 f"live).</p>") if rec and report.peak_live else ""
     title = f"<h2>device {report.device}</h2>" if heading else ""
+    planned = f"<p class=note>{esc(planned_text(report))}</p>" if pl is not None else ""
     extra = _trace_parts(report, trace, diagnosis, tuned, lv)
     return f"""<section id="device-{report.device}">{title}
 <p>{esc(report.format)} trace: {report.events} events, {report.allocations} allocations, peak
@@ -302,7 +331,7 @@ live {esc(format_size(report.peak_live))}; device capacity {esc(format_size(repo
 {"".join(rows)}</table>
 <p class="small">Free at peak: memory the allocator holds but has not handed out, at the
 peak of live memory; fragmentation: the share of it outside its largest free range.</p>
-{errors}{against_table}
+{planned}{errors}{against_table}
 {extra["before"]}
 <h{lv}>Memory over the trace</h{lv}>
 <p class="legend"><span>- - - live</span>{"".join(

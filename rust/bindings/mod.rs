@@ -24,6 +24,7 @@ mod capi;
 mod dlpack;
 mod errors;
 mod gil;
+mod plan;
 mod pmm;
 mod pool;
 mod recycle;
@@ -45,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
     m.add_function(wrap_pyfunction!(capi::_set_c_pool, m)?)?;
     replay::register(m)?;
+    plan::register(m)?;
     traces::register(m)?;
     uvm::register(m)?;
     m.add_function(wrap_pyfunction!(args::py_parse_size, m)?)?;

@@ -61,7 +61,7 @@ fn guarded<T>(model: &str, of: usize, f: impl FnOnce() -> T) -> Result<T, Error>
 /// Events from parallel arrays (uint64 buffers or lists): action codes (0 alloc, 1 free,
 /// 2 segment_alloc, 3 segment_free, 4 segment_map, 5 segment_unmap), ids, sizes, streams,
 /// addresses.
-fn events(py: Python<'_>, arrays: [&Bound<'_, PyAny>; 5]) -> PyResult<Vec<Event>> {
+pub(super) fn events(py: Python<'_>, arrays: [&Bound<'_, PyAny>; 5]) -> PyResult<Vec<Event>> {
     let names = ["actions", "ids", "sizes", "streams", "addrs"];
     let cols: Vec<Vec<u64>> = arrays
         .iter()
@@ -156,7 +156,7 @@ fn caching_options(py: Python<'_>, opts: Option<&Bound<'_, PyDict>>) -> PyResult
     Ok(o)
 }
 
-type StartArgs = (Vec<(u64, u64, u64)>, Vec<(u32, u64, u64, u64, u64)>);
+pub(super) type StartArgs = (Vec<(u64, u64, u64)>, Vec<(u32, u64, u64, u64, u64)>);
 
 /// Replays events through the allocator model `model` at `capacity` bytes.
 #[pyfunction]
