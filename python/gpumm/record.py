@@ -212,7 +212,8 @@ def record(path: Optional[PathLike] = None, steps: Optional[int] = None, warmup:
     ``gpumm predict``'s interpolation between two runs. ``compile``: code the program
     compiles with ``torch.compile`` (inductor) is recorded as compiled: the activations AOT
     autograd's partitioner saves, inductor's graph passes (see :mod:`gpumm.record_compile`);
-    without it, compiled code runs eagerly. Storages alive when the block starts are
+    without it, compiled code runs eagerly (on a GPU the real allocator records the compiled
+    program as it runs, with or without it). Storages alive when the block starts are
     allocated at its start (the state the block begins from)."""
     import torch
 

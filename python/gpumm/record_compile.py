@@ -29,7 +29,7 @@ import contextlib
 import functools
 import threading
 import warnings
-from typing import Any, Callable, Iterator, List
+from typing import Any, Iterator, List
 
 __all__ = ["recording_backend", "compiled_as_recorded", "compiling", "INDUCTOR_NAMES"]
 
@@ -54,7 +54,7 @@ def _compiling() -> Iterator[None]:
 INDUCTOR_NAMES = (None, "inductor")
 
 
-def _eager_inner(gm: Any, example_inputs: Any, **kwargs: Any) -> Callable[..., Any]:
+def _eager_inner(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
     """inductor's ``inner_compile`` step without code generation: inductor's post-grad passes
     on the graph, then the graph itself as the compiled function (boxed, as inductor's is)."""
     from torch._functorch.aot_autograd import make_boxed_func
