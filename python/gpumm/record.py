@@ -37,9 +37,9 @@ import pickle
 import weakref
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
-from gpumm.record_compile import compiled_as_recorded, compiling
 from gpumm.record_cuda import record_cuda as _record_cuda
-from gpumm.record_hooks import cuda_shim, fake_swap, live_storages, step_hooks, stopping
+from gpumm.record_hooks import (compiled_as_recorded, compiling, cuda_shim, fake_swap,
+                                live_storages, step_hooks, stopping)
 from gpumm.recorder import PathLike, Recorder, StopRecording
 
 __all__ = ["Recorder", "record", "recording_info", "StopRecording"]
@@ -78,7 +78,7 @@ def _to_cpu(x: Any) -> Any:
 
 def _modes(rec: Recorder, fake: bool, remap: bool, compiled: bool = False) -> Tuple[Any, Any]:
     """The dispatch mode that logs storages and the function mode that maps CUDA to the CPU.
-    ``compiled``: the dispatch mode lets dynamo compile (see :mod:`gpumm.record_compile`)."""
+    ``compiled``: the dispatch mode lets dynamo compile (see :func:`gpumm.record_hooks.compiled_as_recorded`)."""
     import torch
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -211,7 +211,7 @@ def record(path: Optional[PathLike] = None, steps: Optional[int] = None, warmup:
     tensors. ``size``: the batch size or sequence length of this run, kept in the file for
     ``gpumm predict``'s interpolation between two runs. ``compile``: code the program
     compiles with ``torch.compile`` (inductor) is recorded as compiled: the activations AOT
-    autograd's partitioner saves, inductor's graph passes (see :mod:`gpumm.record_compile`);
+    autograd's partitioner saves, inductor's graph passes (see :func:`gpumm.record_hooks.compiled_as_recorded`);
     without it, compiled code runs eagerly (on a GPU the real allocator records the compiled
     program as it runs, with or without it). Storages alive when the block starts are
     allocated at its start (the state the block begins from)."""

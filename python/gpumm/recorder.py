@@ -68,7 +68,7 @@ class Recorder:
         #: storages alive before the first event (first seen as inputs): allocated at time 0
         self.head: List[Tuple[str, int, int, int, int, str, bool]] = []
         self.has_optimizer = False
-        #: recorded as compiled (gpumm.record_compile), and the backend of each torch.compile
+        #: recorded as compiled (record_hooks.compiled_as_recorded), and the backend of each torch.compile
         self.compiled = False
         self.compile_backends: List[str] = []
         #: where each live storage's alloc event is: (list, index)
