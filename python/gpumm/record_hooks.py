@@ -201,7 +201,14 @@ def _eager_inner(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._inductor.compile_fx import _recursive_post_grad_passes
 
-    with _compiling():
+    from torch._guards import detect_fake_mode
+    from torch._inductor.virtualized import V
+
+    # the backward is compiled lazily, outside compile_fx's context: its fake mode is the
+    # one of the graph's example inputs
+    fm = detect_fake_mode(example_inputs)
+    mode = V.set_fake_mode(fm) if fm is not None else contextlib.nullcontext()
+    with _compiling(), mode:
         _recursive_post_grad_passes(gm, bool(kwargs.get("is_inference", False)))
         gm.recompile()
     return make_boxed_func(gm.forward)
