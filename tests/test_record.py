@@ -125,3 +125,56 @@ def test_cli_records_a_script_and_stops_after_the_steps(tmp_path, capsys):
 def test_cli_record_needs_a_program(tmp_path, capsys):
     assert main(["record", "-o", str(tmp_path / "x.pickle")]) == 2
     assert "no program" in capsys.readouterr().err
+
+
+class _NormMLP(torch.nn.Module):
+    """A hand-written RMSNorm and SiLU: eager autograd saves each pointwise result, AOT
+    autograd's partitioner (torch.compile) recomputes them in the backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(32, 128, bias=False)
+        self.down = torch.nn.Linear(128, 32, bias=False)
+
+    def forward(self, x):
+        x = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5)
+        h = self.up(x)
+        return self.down(h * torch.sigmoid(h))
+
+
+def _saved_bytes(model, x):
+    """What the forward keeps for the backward, by torch's own saved-tensor hooks."""
+    storages = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        storages[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(n for p, n in storages.items() if p not in params and p != x.data_ptr()), out
+
+
+def test_compile_records_what_the_compiled_forward_saves(tmp_path):
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model, x = _NormMLP(), torch.randn(64, 32)
+    eager_saved, _ = _saved_bytes(model, x)
+    compiled_saved, out = _saved_bytes(torch.compile(model), x)  # inductor, for real
+    torch._dynamo.reset()
+    assert compiled_saved < eager_saved  # the model shows the difference
+    got = {}
+    for compile in (False, True):
+        path = tmp_path / f"c{compile}.pickle"
+        with record(path, compile=compile, step_on="forward") as rec:
+            cm = torch.compile(model) if compile else model
+            y = cm(x)
+            # weights and x count from the first operator that reads them
+            base = sum(t.untyped_storage().nbytes() for t in (x, *model.parameters(), y))
+            got[compile] = rec.live_bytes - base
+            y.sum().backward()
+        assert recording_info(path)["compile"] is compile
+    assert got[False] == eager_saved
+    assert got[True] == compiled_saved

@@ -36,6 +36,9 @@ def register(sub: Any) -> None:
     rc.add_argument("--step-on", choices=("auto", "optimizer", "forward"), default="auto",
                     help="what ends a step (default: optimizer.step(), or the outermost "
                     "forward for a program without an optimizer)")
+    rc.add_argument("--compile", action="store_true", help="record torch.compile'd code as "
+                    "compiled: the activations AOT autograd's partitioner saves and inductor's "
+                    "graph passes (default: compiled code runs eagerly)")
     rc.add_argument("--size", type=int, help="this run's batch size or sequence length, for "
                     "predict's interpolation")
     rc.add_argument("--size-name", default="batch", help="what --size counts (default batch)")
@@ -111,7 +114,8 @@ def cmd_record(args: argparse.Namespace, out: Console) -> int:
     code = 0
     with record(args.output, steps=args.steps, warmup=args.warmup, fake=args.fake,
                 stacks=not args.no_stacks, step_on=args.step_on, progress=progress,
-                stop=True, size=args.size, size_name=args.size_name) as rec:
+                stop=True, size=args.size, size_name=args.size_name,
+                compile=args.compile) as rec:
         try:
             run_program(args.program)
         except SystemExit as e:

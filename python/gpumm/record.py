@@ -38,7 +38,8 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from gpumm.record_cuda import record_cuda as _record_cuda
-from gpumm.record_hooks import cuda_shim, fake_swap, live_storages, step_hooks, stopping
+from gpumm.record_hooks import (compiled_as_recorded, compiling, cuda_shim, fake_swap,
+                                live_storages, step_hooks, stopping)
 from gpumm.recorder import PathLike, Recorder, StopRecording
 
 __all__ = ["Recorder", "record", "recording_info", "StopRecording"]
@@ -75,8 +76,9 @@ def _to_cpu(x: Any) -> Any:
     return x
 
 
-def _modes(rec: Recorder, fake: bool, remap: bool) -> Tuple[Any, Any]:
-    """The dispatch mode that logs storages and the function mode that maps CUDA to the CPU."""
+def _modes(rec: Recorder, fake: bool, remap: bool, compiled: bool = False) -> Tuple[Any, Any]:
+    """The dispatch mode that logs storages and the function mode that maps CUDA to the CPU.
+    ``compiled``: the dispatch mode lets dynamo compile (see :func:`gpumm.record_hooks.compiled_as_recorded`)."""
     import torch
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -143,8 +145,14 @@ def _modes(rec: Recorder, fake: bool, remap: bool) -> Tuple[Any, Any]:
         rec.free(i)
 
     class StorageMode(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return compiled
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
+            if compiled and compiling():
+                return func(*args, **kwargs)
             inputs, _ = tree_flatten((args, kwargs))
             gpu = state["gpu_call"]
             for t in inputs:
@@ -193,15 +201,20 @@ def _modes(rec: Recorder, fake: bool, remap: bool) -> Tuple[Any, Any]:
 def record(path: Optional[PathLike] = None, steps: Optional[int] = None, warmup: int = 0,
            fake: bool = False, stacks: bool = True, step_on: str = "auto",
            progress: Optional[Callable[[str], None]] = None, stop: bool = False,
-           size: Optional[int] = None, size_name: str = "size") -> Iterator[Recorder]:
+           size: Optional[int] = None, size_name: str = "size",
+           compile: bool = False) -> Iterator[Recorder]:
     """Records the tensor allocations of the code in the ``with`` block and writes them to
     ``path`` at its end (None: keep them in the returned :class:`Recorder` only).
 
     ``steps``: record this many steps after ``warmup`` steps, then stop recording (with
     ``stop``, also raise :class:`StopRecording` to end the program). ``fake``: run on fake
     tensors. ``size``: the batch size or sequence length of this run, kept in the file for
-    ``gpumm predict``'s interpolation between two runs. Storages alive when the block starts
-    are allocated at its start (the state the block begins from)."""
+    ``gpumm predict``'s interpolation between two runs. ``compile``: code the program
+    compiles with ``torch.compile`` (inductor) is recorded as compiled: the activations AOT
+    autograd's partitioner saves, inductor's graph passes (see :func:`gpumm.record_hooks.compiled_as_recorded`);
+    without it, compiled code runs eagerly (on a GPU the real allocator records the compiled
+    program as it runs, with or without it). Storages alive when the block starts are
+    allocated at its start (the state the block begins from)."""
     import torch
 
     on_gpu = not fake and torch.cuda.is_available()
@@ -210,9 +223,12 @@ def record(path: Optional[PathLike] = None, steps: Optional[int] = None, warmup:
             yield rec
         return
     rec = Recorder(steps, warmup, stacks, step_on, progress, stop, "fake" if fake else "cpu")
+    rec.compiled = compile
     remap = fake or not torch.cuda.is_available()
-    storage_mode, device_mode = _modes(rec, fake, remap)
+    storage_mode, device_mode = _modes(rec, fake, remap, compile)
     with contextlib.ExitStack() as es:
+        if compile:
+            es.enter_context(compiled_as_recorded(rec.compile_backends))
         if fake:
             from torch._subclasses.fake_tensor import FakeTensorMode
 

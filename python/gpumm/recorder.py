@@ -68,6 +68,9 @@ class Recorder:
         #: storages alive before the first event (first seen as inputs): allocated at time 0
         self.head: List[Tuple[str, int, int, int, int, str, bool]] = []
         self.has_optimizer = False
+        #: recorded as compiled (record_hooks.compiled_as_recorded), and the backend of each torch.compile
+        self.compiled = False
+        self.compile_backends: List[str] = []
         #: where each live storage's alloc event is: (list, index)
         self._where: Dict[int, Tuple[List[Any], int]] = {}
         self.recording = True
@@ -199,7 +202,8 @@ class Recorder:
                 "step_on": kind, "warmup_steps": self.warmup,
                 "steps": len(ends), "warmup_end": at(self.warmup_end),
                 "step_ends": [at(c) for c in ends],
-                "gpu_only": self.gpu_only(), "peak_live": self._peak_kept(keep)}
+                "gpu_only": self.gpu_only(), "peak_live": self._peak_kept(keep),
+                "compile": self.compiled, "compile_backends": list(self.compile_backends)}
 
     def all_events(self) -> List[Tuple[str, int, int, int, int, str, bool]]:
         """The storages alive at the start, then the events in order."""
