@@ -343,6 +343,58 @@ impl<const SELECT: bool> Bins<SELECT> {
         }
         self.last_at_or_below(own - 1).map(|b| self.heads[b])
     }
+
+    /// The bins' own invariants: bit `b` of the bitmap is set iff bin `b` has a head; every
+    /// list runs head to end with each item's `prev` the item before it (`NIL` at the head);
+    /// every item lies in the bin of its size (`size`); the lists hold `len` items in all (so
+    /// none is a cycle). Only for checks: it walks every list.
+    pub fn validate<L: LinkRead + ?Sized>(
+        &self,
+        links: &L,
+        size: impl Fn(u32) -> u32,
+    ) -> Result<(), String> {
+        let mut total = 0usize;
+        for b in 0..NUM_BINS {
+            let bit = self.bitmap[b / 64] >> (b % 64) & 1 == 1;
+            if bit != (self.heads[b] != NIL) {
+                return Err(format!(
+                    "bin {b}: bitmap bit {bit} but head {}",
+                    self.heads[b]
+                ));
+            }
+            let mut prev = NIL;
+            for i in self.iter(links, b) {
+                total += 1;
+                if total > self.len {
+                    return Err(format!(
+                        "the lists hold more than the {} items counted (a cycle?)",
+                        self.len
+                    ));
+                }
+                if links.link(i).prev != prev {
+                    return Err(format!(
+                        "item {i} of bin {b}: prev {} but follows {prev}",
+                        links.link(i).prev
+                    ));
+                }
+                if bin_of(size(i)) != b {
+                    return Err(format!(
+                        "item {i} of {} units is in bin {b}, not {}",
+                        size(i),
+                        bin_of(size(i))
+                    ));
+                }
+                prev = i;
+            }
+        }
+        if total != self.len {
+            return Err(format!(
+                "the lists hold {total} items, {} counted",
+                self.len
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -402,6 +454,46 @@ mod tests {
         bins.remove(links, 3, 7);
         assert_eq!(bins.iter(&*links, 7).collect::<Vec<_>>(), [4, 1]);
         assert_eq!(links[1].prev, 4);
+    }
+
+    #[test]
+    fn validate_sees_a_corrupted_bin() {
+        let sizes = [3u32, 100, 100, 200];
+        let size = |i: u32| sizes[i as usize];
+        let fresh = || {
+            let mut bins = Bins::<true>::default();
+            let mut v = vec![Link::UNLINKED; sizes.len()];
+            for (i, &n) in sizes.iter().enumerate() {
+                bins.push(v.as_mut_slice(), i as u32, bin_of(n));
+            }
+            (bins, v)
+        };
+        let (bins, v) = fresh();
+        bins.validate(v.as_slice(), size).unwrap();
+        let fails = |bins: &Bins<true>, v: &Vec<Link>, want: &str| {
+            let e = bins.validate(v.as_slice(), size).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        };
+        // a bitmap bit without a list
+        let (mut bins, v) = fresh();
+        bins.bitmap[0] |= 1 << 5;
+        fails(&bins, &v, "bitmap");
+        // a broken back link
+        let (bins, mut v) = fresh();
+        v[1].prev = 3;
+        fails(&bins, &v, "prev");
+        // an item in the bin of another size
+        let (mut bins, v) = fresh();
+        bins.heads.swap(3, bin_of(100));
+        fails(&bins, &v, "not");
+        // a count that is not the lists'
+        let (mut bins, v) = fresh();
+        bins.len += 1;
+        fails(&bins, &v, "counted");
+        // a cycle (back to the list's head, whose prev is NIL)
+        let (bins, mut v) = fresh();
+        v[1].next = 2;
+        fails(&bins, &v, "prev 4294967295 but follows 1");
     }
 
     #[test]

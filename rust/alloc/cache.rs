@@ -299,3 +299,56 @@ mod tests {
         assert!(!c.admit(1000, 10));
     }
 }
+
+impl SizeCache {
+    /// The cache's own invariants: every way holds at most `DEPTH` slots, and only of a size
+    /// that hashes to it and was seen twice; no slot is held twice; `len` is what the ways
+    /// hold. Only for checks: it reads every way.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut held = 0usize;
+        let mut slots: Vec<u32> = Vec::new();
+        for (i, (w, s)) in self.ways.iter().zip(&self.slots).enumerate() {
+            let n = w.len as usize;
+            if n > DEPTH || (n > 0 && (way(w.units) != i || !w.seen)) {
+                return Err(format!("way {i} holds {w:?}"));
+            }
+            held += n;
+            slots.extend_from_slice(&s[..n]);
+        }
+        if held != self.len {
+            return Err(format!("the ways hold {held} slots, {} counted", self.len));
+        }
+        slots.sort_unstable();
+        if let Some(d) = slots.windows(2).find(|d| d[0] == d[1]) {
+            return Err(format!("slot {} is held twice", d[0]));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod validate_tests {
+    use super::*;
+
+    #[test]
+    fn validate_sees_a_corrupted_cache() {
+        let fresh = || {
+            let mut c = SizeCache::default();
+            c.take(40);
+            c.take(40);
+            assert!(c.admit(40, 7) && c.admit(40, 8));
+            c
+        };
+        fresh().validate().unwrap();
+        let i = way(40);
+        let mut c = fresh();
+        c.len += 1;
+        assert!(c.validate().unwrap_err().contains("counted"));
+        let mut c = fresh();
+        c.slots[i][1] = 7;
+        assert!(c.validate().unwrap_err().contains("twice"));
+        let mut c = fresh();
+        c.ways[i].units = 41;
+        assert!(c.validate().unwrap_err().contains("way"));
+    }
+}

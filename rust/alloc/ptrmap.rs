@@ -119,6 +119,34 @@ impl PtrMap {
 }
 
 impl PtrMap {
+    /// The map's own invariants: a power-of-two bucket count that `mask` and `shift` match,
+    /// at most half full, `len` the count of occupied buckets, and every key found from its
+    /// home bucket (no empty bucket between them). Only for checks: it reads every bucket.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.slots.len();
+        if !n.is_power_of_two() || self.mask != n - 1 || self.shift != 64 - n.trailing_zeros() {
+            return Err(format!(
+                "{n} buckets with mask {:#x} and shift {}",
+                self.mask, self.shift
+            ));
+        }
+        let held = self.iter().count();
+        if held != self.len || self.len * 2 > n {
+            return Err(format!(
+                "{held} buckets occupied, {} counted, of {n}",
+                self.len
+            ));
+        }
+        for (i, &(k, _)) in self.slots.iter().enumerate() {
+            if k != 0 && self.find(k) != Ok(i) {
+                return Err(format!(
+                    "key {k:#x} in bucket {i} is not found from its home"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Mean number of buckets looked at to find a present key (tests and tuning).
     #[cfg(test)]
     pub fn mean_probe(&self) -> f64 {
@@ -137,6 +165,33 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn validate_sees_a_corrupted_map() {
+        let fresh = || {
+            let mut m = PtrMap::default();
+            for k in 1..20u64 {
+                m.insert(k << 8, k as u32);
+            }
+            m
+        };
+        fresh().validate().unwrap();
+        let mut m = fresh();
+        m.len += 1;
+        assert!(m.validate().unwrap_err().contains("counted"));
+        // a key moved out of its probe run: a lookup would miss it
+        let mut m = fresh();
+        let i = m.slots.iter().position(|s| s.0 != 0).unwrap();
+        let j = (i + 1..m.slots.len())
+            .chain(0..i)
+            .find(|&j| m.slots[j].0 == 0 && m.slots[(j + m.mask) & m.mask].0 == 0)
+            .unwrap();
+        m.slots.swap(i, j);
+        assert!(m.validate().unwrap_err().contains("not found"));
+        let mut m = fresh();
+        m.shift += 1;
+        assert!(m.validate().unwrap_err().contains("shift"));
+    }
 
     proptest! {
         #[test]

@@ -1,7 +1,7 @@
 //! `validate`: every invariant of the pool (the module comment of `mod.rs`) checked, and every
 //! counter recomputed from a walk of the structures.
 
-use super::bins::{bin_of, NUM_BINS};
+use super::bins::NUM_BINS;
 use super::*;
 
 impl Pool {
@@ -219,12 +219,12 @@ impl Pool {
                       want_heap: Option<bool>,
                       sec: Option<usize>|
          -> std::result::Result<(), String> {
+            bins.validate(links, |i| self.blocks[i as usize].len)?;
             for b in 0..NUM_BINS {
                 for i in bins.iter(links, b) {
                     let blk = &self.blocks[i as usize];
                     if blk.page == NIL
                         || !blk.free
-                        || bin_of(blk.len) != b
                         || blk.bin() != b
                         || sec.is_some_and(|s| blk.sec() != s)
                         || blk.sec() != Self::secondary_of(blk)
@@ -271,6 +271,7 @@ impl Pool {
         let mut pending: FxHashMap<u64, u32> = FxHashMap::default();
         let mut uncut: rustc_hash::FxHashSet<u32> = Default::default();
         if let Some(m) = &self.by_ptr {
+            m.validate().map_err(|e| format!("pointer map: {e}"))?;
             for rec in &self.batches {
                 if let Record::Uncut(_) = rec.shape {
                     uncut.extend(rec.members.iter().map(|e| e.1));
@@ -379,6 +380,9 @@ impl Pool {
             }
         }
         // the exact-size cache: every cached slot once, under its own size
+        self.cache
+            .validate()
+            .map_err(|e| format!("size cache: {e}"))?;
         let mut in_cache = 0;
         for (units, a) in self.cache.entries() {
             in_cache += 1;
@@ -389,14 +393,14 @@ impl Pool {
                 ));
             }
         }
-        if in_cache != cached_slots || in_cache != self.cache.len() {
+        if in_cache != cached_slots {
             return Err(format!(
                 "{cached_slots} cached slots, {in_cache} in the cache, which counts {}",
                 self.cache.len()
             ));
         }
         if let Some(m) = &self.by_ptr {
-            if n != m.len() + pending.len() || m.iter().count() != m.len() {
+            if n != m.len() + pending.len() {
                 return Err(format!(
                     "{} pointers mapped and {} pending for {n} allocations",
                     m.len(),
