@@ -178,3 +178,12 @@ def test_compile_records_what_the_compiled_forward_saves(tmp_path):
         assert recording_info(path)["compile"] is compile
     assert got[False] == eager_saved
     assert got[True] == compiled_saved
+
+
+def test_live_storages_counts_dense_tensors_and_passes_over_sparse_ones():
+    from gpumm.record_hooks import live_storages
+
+    dense, sparse = torch.ones(3), torch.ones(4).to_sparse()  # sparse: no StorageImpl
+    held = live_storages()
+    assert dense.untyped_storage()._cdata in held
+    assert sparse.is_sparse
