@@ -8,8 +8,30 @@ use std::sync::Arc;
 
 const M: u64 = 1 << 20;
 
-/// Builds the fake driver into its own file (one per test: each load has its own state).
-fn fake(tag: &str) -> std::path::PathBuf {
+/// The fake driver built into its own file (one per test: each load has its own state);
+/// the file goes when the test ends.
+struct FakeSo(std::path::PathBuf);
+
+impl Drop for FakeSo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl std::ops::Deref for FakeSo {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for FakeSo {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+fn fake(tag: &str) -> FakeSo {
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake_cuda/fake_cuda.c");
     let out = std::env::temp_dir().join(format!("gpumm-fakecuda-{}-{tag}.so", std::process::id()));
     let ok = std::process::Command::new("cc")
@@ -19,7 +41,7 @@ fn fake(tag: &str) -> std::path::PathBuf {
         .status()
         .expect("a C compiler (cc) to build the fake CUDA driver");
     assert!(ok.success());
-    out
+    FakeSo(out)
 }
 
 fn pool_on(cuda: impl Backend + 'static) -> (Pool, u64) {
