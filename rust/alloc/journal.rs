@@ -87,7 +87,10 @@ impl Pool {
                     c.peak_reserved = peak;
                 }
                 Change::Made { a } => {
-                    // what `free` does, but merged exactly as it was split
+                    // what `free` does, but merged exactly as it was split (and without
+                    // `after_free`: no threshold release, and no cache flush at zero use,
+                    // which cannot come: the batch began with the cache given back, and what
+                    // a poll cached since leaves memory in use that the undo does not free)
                     let x = &self.allocs[a as usize];
                     self.counters.live_bytes -= x.size;
                     self.counters.frees += 1;
