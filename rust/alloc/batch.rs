@@ -28,10 +28,12 @@ impl Pool {
             self.poll();
         }
         let start = out.len();
-        let saved = self.counters.clone();
-        let mut ids = Vec::with_capacity(sizes.len());
-        let check = std::mem::replace(&mut self.cfg.check, false);
-        self.batching = true;
+        // (a refused batch undoes its requests and their page changes, newest first, so each
+        // merges back as it was split, and its counters: `journal.rs`)
+        let mark = self.journal.len();
+        self.journal.push(Change::Begin {
+            counters: Box::new(self.counters.clone()),
+        });
         let mut result = Ok(());
         for &size in sizes {
             let req = Request {
@@ -39,41 +41,21 @@ impl Pool {
                 stream,
                 ..Request::default()
             };
-            let mark = self.journal.len();
             // (never a pending free's memory: undoing the batch could not give it back as
             // pending)
-            match self.alloc_req(req, false) {
-                Ok((id, ptr)) => {
-                    ids.push((id, mark));
-                    out.push(ptr);
-                }
-                Err(e) => {
-                    result = Err(e);
+            match self.alloc_req(req, Ask::MEMBER) {
+                Ok((_, ptr)) => out.push(ptr),
+                Err(r) => {
+                    result = Err(self.refusal_error(r, size));
                     break;
                 }
             }
         }
-        self.batching = false;
         if result.is_err() {
-            // Undo: free what was made and undo the page changes made for it, newest first
-            // (so each merges back as it was split), give back pages taken for it, restore the
-            // counters, so a refused batch leaves the pool as it was (one failure counted).
-            let eager = std::mem::replace(&mut self.eager, false);
-            let threshold = self.cfg.release_threshold.take();
-            let cache_on = std::mem::replace(&mut self.cache_on, false);
-            for (id, mark) in ids.into_iter().rev() {
-                let _ = self.free(id);
-                self.undo_to(mark);
-            }
-            self.eager = eager;
-            self.cfg.release_threshold = threshold;
-            self.cache_on = cache_on;
+            self.undo_to(mark);
             out.truncate(start);
-            self.counters.failures -= 1; // the failed request inside counted it already
-            self.rollback(saved);
         }
         self.journal.clear();
-        self.cfg.check = check;
         self.check();
         result
     }
@@ -98,21 +80,22 @@ impl Pool {
         if !self.events.is_empty() {
             self.poll();
         }
-        let saved = self.page_counts();
         let mark = self.journal.len();
         let a0 = self.new_slot();
         // Not by growing while the pool holds enough free memory for the batch: the sizes
         // one by one may fit in what it holds, and a pool grows only when nothing fits.
         let c = &self.counters;
         let held_free = c.reserved_bytes - c.used_bytes;
-        self.quick = held_free >= total * GRANULE;
-        let placed = self.place_batch(total, a0);
-        self.quick = false;
-        self.quick_miss = false;
+        let reach = if held_free >= total * GRANULE {
+            Reach::Held
+        } else {
+            Reach::Grow
+        };
+        let placed = self.place_batch(total, a0, reach);
         let b = match placed {
             Some(Layout::Block(b)) => b,
             placed => {
-                self.abandon(placed, a0, mark, saved);
+                self.abandon(placed, a0, mark);
                 return false;
             }
         };
@@ -291,7 +274,9 @@ impl Pool {
             stream,
             ..Request::default()
         };
-        let (id, base) = self.alloc_req(req, false)?;
+        let (id, base) = self
+            .alloc_req(req, Ask::FRESH)
+            .map_err(|r| self.refusal_error(r, bytes))?;
         // The group holds the memory but is not an allocation a caller sees: undo its
         // counting as one; its members are counted instead.
         let g = id.index;
@@ -388,7 +373,7 @@ impl Pool {
     pub(super) fn release_uncut(&mut self, b: u32, units: u64) {
         debug_assert_eq!(units, self.blocks[b as usize].len as u64);
         self.counters.used_bytes -= units * GRANULE;
-        self.release_block(b);
+        self.release_block(b, Settle::Policy);
         self.after_free();
         self.check();
     }
@@ -404,12 +389,17 @@ impl Pool {
 
     /// Arena `g`, whose members are all freed, gives its memory back; its slot is vacant.
     pub(super) fn release_group_memory(&mut self, g: u32) {
+        self.release_group_memory_as(g, Settle::Policy)
+    }
+
+    /// `release_group_memory`, settled as `settle` says.
+    pub(super) fn release_group_memory_as(&mut self, g: u32, settle: Settle) {
         let x = &mut self.allocs[g as usize];
         debug_assert!(x.state == State::Group && x.members == 0);
         let (units, layout) = (x.units(), std::mem::replace(&mut x.layout, Layout::None));
         x.state = State::Vacant;
         x.generation = x.generation.wrapping_add(1);
-        self.unplace(layout);
+        self.unplace(layout, settle);
         self.vacant_allocs.push(g);
         self.counters.used_bytes -= units * GRANULE;
     }
@@ -420,7 +410,7 @@ impl Pool {
         for a in slots {
             self.counters.live_bytes -= self.allocs[a as usize].size;
             self.counters.frees += 1;
-            self.release_slot_into(a, Some(&mut pending));
+            self.release_slot_into(a, Some(&mut pending), Settle::Policy);
         }
         self.merge_pending(&pending);
         self.after_free();

@@ -64,13 +64,9 @@ impl Pool {
     }
 
     /// A free block goes into (`insert`) or out of the bins its page kind and position say.
-    /// Blocks of a page being emptied by `defrag` stay out.
     #[inline(always)]
     pub(super) fn rebin<const INSERT: bool>(&mut self, b: u32) {
         let blk = &mut self.blocks[b as usize];
-        if blk.page == self.evacuating {
-            return;
-        }
         let (bin, sec, heap) = if INSERT {
             let (bin, sec) = (bin_of(blk.len), Self::secondary_of(blk));
             blk.binsec = (bin | sec << 12) as u16;
@@ -193,10 +189,10 @@ impl Pool {
         blk.free && !blk.is_pending()
     }
 
-    /// A used block becomes free and merges with free neighbours; a page left empty becomes
-    /// a free page.
+    /// A used block becomes free and merges with free neighbours (in their bins, unless
+    /// `settle` is `Unbinned`); a page left empty becomes a free page.
     #[inline(always)]
-    pub(super) fn release_block(&mut self, b: u32) {
+    pub(super) fn release_block(&mut self, b: u32, settle: Settle) {
         let blk = self.blocks[b as usize];
         debug_assert!(!blk.free);
         {
@@ -206,7 +202,9 @@ impl Pool {
         }
         if blk.prev != NIL && self.binned_free(blk.prev) {
             let l = blk.prev;
-            self.remove_free(l);
+            if settle != Settle::Unbinned {
+                self.remove_free(l);
+            }
             let left = self.blocks[l as usize];
             let u = &mut self.blocks[b as usize];
             u.page = left.page;
@@ -218,10 +216,12 @@ impl Pool {
         }
         let next = self.blocks[b as usize].next;
         if next != NIL && self.binned_free(next) {
-            self.remove_free(next);
+            if settle != Settle::Unbinned {
+                self.remove_free(next);
+            }
             self.absorb_next(b);
         }
-        self.settle_free(b);
+        self.settle_free(b, settle);
     }
 
     /// Block `b` takes in the block after it (free, in no bin), which goes.
@@ -238,19 +238,16 @@ impl Pool {
 
     /// A free block just merged (in no bin) goes where it belongs: back to the free pages if
     /// it is its whole page or segment, else its whole pages out (a pool that releases at
-    /// once) or into its bins.
+    /// once, unless `settle` is `Exact`) or into its bins (unless `settle` is `Unbinned`).
     #[inline(always)]
-    pub(super) fn settle_free(&mut self, b: u32) {
+    pub(super) fn settle_free(&mut self, b: u32, settle: Settle) {
         let u = self.blocks[b as usize];
         if u.prev == NIL && u.next == NIL {
             self.drop_block(b);
-            if u.page == self.evacuating {
-                self.evacuating = NIL;
-            }
             self.pages_free(u.page, u.len >> self.gshift);
-        } else if self.eager && !u.heap {
+        } else if self.eager && settle == Settle::Policy && !u.heap {
             let _ = self.split_out(b);
-        } else {
+        } else if settle != Settle::Unbinned {
             self.insert_free(b);
         }
     }
@@ -369,7 +366,7 @@ impl Pool {
         }
         for s in starts {
             self.blocks[s as usize].links = Link::UNLINKED;
-            self.settle_free(s);
+            self.settle_free(s, Settle::Policy);
         }
     }
 

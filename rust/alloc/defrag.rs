@@ -378,10 +378,10 @@ impl Pool {
                 dest.extend(own);
                 continue;
             }
+            // (the page's free blocks stay out of the bins while it empties: `Unbinned`)
             for &b in &free {
                 self.remove_free(b);
             }
-            self.evacuating = p;
             let mut copied = true;
             for b in used {
                 let len = self.blocks[b as usize].len;
@@ -401,16 +401,15 @@ impl Pool {
                 let new = self.direct_addr(blk.page, blk.off);
                 if !self.move_bytes(new, old, len as u64 * GRANULE, copying) {
                     // the data could not move: it stays, and so does everything after it
-                    self.release_block(nb);
+                    self.release_block(nb, Settle::Policy);
                     copied = false;
                     break;
                 }
                 self.relocated(a, Layout::Block(nb), old, new, report);
-                self.release_block(b);
+                self.release_block(b, Settle::Unbinned);
             }
-            if self.evacuating == p {
+            if self.pages[p as usize] == PageKind::Heap {
                 // not emptied: its free blocks go back to the bins
-                self.evacuating = NIL;
                 let free: Vec<u32> = self
                     .page_blocks(p)
                     .filter(|&b| self.blocks[b as usize].free)

@@ -1,10 +1,24 @@
-//! Undoing a failed request: the journal of page changes, and the counters saved before it.
+//! The one undo: the journal of what placing a request (or a batch) changed, undone newest
+//! first when it fails.
+//!
+//! A request that fails, or whose mapping the backend refuses, and a batch that fails, leave
+//! the pool as it was (one failure counted). What they change that the failure does not give
+//! back by itself goes into the journal as a [`Change`] while they place: whole free pages
+//! given back from a segment (`Split`), free pages appended to a segment (`Extend`), pages
+//! taken from the device (`Grow`: undone, the page goes back and the page counters are as
+//! before it), each request of a batch (`Made`: undone, it is freed exactly as it was split)
+//! and the counters when a batch began (`Begin`: undone, they are back but for the failure).
+//! A failure gives back its own placement exactly (`abandon`: merged as it was split, nothing
+//! cached, no whole page released) and then undoes the journal to the mark taken before it
+//! placed (`undo_to`): one mechanism for a request and for a batch, which is the requests'
+//! journals back to back. A request that succeeds alone clears the journal; one of a batch
+//! leaves it for the batch, and so does a batch until it has succeeded.
 
 use super::*;
 
 impl Pool {
     /// Undoes the changes of the journal after its first `mark`, newest first. The memory
-    /// the changes concern must be free again (the failed request or batch given back).
+    /// the changes concern must be free again (the failed request given back: `abandon`).
     pub(super) fn undo_to(&mut self, mark: usize) {
         while self.journal.len() > mark {
             match self.journal.pop().expect("not empty") {
@@ -63,66 +77,43 @@ impl Pool {
                     self.pages_free(p, n);
                     self.insert_free(b);
                 }
-                Change::Grow { p } => {
+                Change::Grow { p, peak } => {
                     self.free_pages.take_range(p, 1);
                     self.give_back(&[p]);
+                    // not a page taken and released: the page counters as before the grow
+                    let c = &mut self.counters;
+                    c.pages_released -= 1;
+                    c.pages_taken -= 1;
+                    c.peak_reserved = peak;
+                }
+                Change::Made { a } => {
+                    // what `free` does, but merged exactly as it was split (and without
+                    // `after_free`: no threshold release, and no cache flush at zero use,
+                    // which cannot come: the batch began with the cache given back, and what
+                    // a poll cached since leaves memory in use that the undo does not free)
+                    let x = &self.allocs[a as usize];
+                    self.counters.live_bytes -= x.size;
+                    self.counters.frees += 1;
+                    self.unindex(x.ptr);
+                    self.release_slot_into(a, None, Settle::Exact);
+                }
+                Change::Begin { counters } => {
+                    let (failures, calls) = (self.counters.failures, self.counters.calls);
+                    self.counters = *counters;
+                    (self.counters.failures, self.counters.calls) = (failures, calls);
                 }
             }
         }
     }
 
-    /// The counters placing a request may change (pages taken); a refused request puts them
-    /// back (not a clone of every counter: this is the hot path).
-    #[inline]
-    pub(super) fn page_counts(&self) -> [u64; 4] {
-        let c = &self.counters;
-        [
-            c.reserved_bytes,
-            c.peak_reserved,
-            c.pages_taken,
-            c.pages_released,
-        ]
-    }
-
-    #[inline]
-    pub(super) fn restore_page_counts(&mut self, saved: [u64; 4]) {
-        let c = &mut self.counters;
-        [
-            c.reserved_bytes,
-            c.peak_reserved,
-            c.pages_taken,
-            c.pages_released,
-        ] = saved;
-    }
-
-    /// Undoes a placement for slot `a` that will not be kept: its memory goes back (merged
-    /// exactly as it was split: no eager page release in between), the slot is vacant again,
-    /// the page changes after `mark` are undone and the page counters are as `saved`.
-    pub(super) fn abandon(&mut self, layout: Option<Layout>, a: u32, mark: usize, saved: [u64; 4]) {
+    /// Gives back a placement for slot `a` that will not be kept (merged exactly as it was
+    /// split: nothing cached, no whole page released), the slot vacant again, and undoes the
+    /// journal after `mark`.
+    pub(super) fn abandon(&mut self, layout: Option<Layout>, a: u32, mark: usize) {
         if let Some(layout) = layout {
-            let eager = std::mem::replace(&mut self.eager, false);
-            self.unplace(layout);
-            self.eager = eager;
+            self.unplace(layout, Settle::Exact);
         }
         self.vacant_allocs.push(a);
         self.undo_to(mark);
-        self.restore_page_counts(saved);
-    }
-
-    /// A refused request: its error waits in `alloc_error` for `alloc_req`.
-    #[cold]
-    pub(super) fn refuse(&mut self, e: Error) -> (u64, u64) {
-        self.alloc_error = Some(e);
-        (0, 0)
-    }
-
-    /// After a refused request (its pages given back by `undo_to`): counters as `saved` but
-    /// for one more failure.
-    pub(super) fn rollback(&mut self, saved: Counters) {
-        let failures = self.counters.failures;
-        let calls = self.counters.calls;
-        self.counters = saved;
-        self.counters.failures = failures + 1;
-        self.counters.calls = calls;
     }
 }

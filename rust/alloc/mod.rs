@@ -140,8 +140,6 @@ pub struct Pool {
     eager: bool,
     /// Changes of the request (or batch) being placed; see [`Change`].
     journal: Vec<Change>,
-    /// A batch is being placed: its requests keep the journal for the batch.
-    batching: bool,
     blocks: Table<Block>,
     /// The secondary bin links of each block (see [`Block`]).
     sec_links: Table<Link>,
@@ -175,24 +173,17 @@ pub struct Pool {
     next_fence: u64,
     scopes: FxHashMap<u32, Vec<(u32, u32)>>,
     next_scope: u32,
-    /// A page being emptied by `defrag`: its free blocks stay out of the bins.
-    evacuating: u32,
     counters: Counters,
     latency: Histogram,
     closed: bool,
-    /// Set by `try_alloc_quick`: the request must not grow the pool or defragment; when it
-    /// would, `quick_miss` is set and nothing changes.
-    quick: bool,
-    quick_miss: bool,
     /// The stream of the first request, and whether a request on another stream has come
     /// since: while every request is on one stream, its work runs in order and a free by that
     /// stream needs no event (`free_when_done`).
     first_stream: Option<u64>,
     streams_mixed: bool,
-    /// The error of the request `alloc_inner` just refused (see there).
-    alloc_error: Option<Error>,
     /// Freed one-block allocations kept for a request of their size (see `cache.rs`); on
-    /// unless pages go back to the device as they free up (a release threshold).
+    /// unless pages go back to the device as they free up (a release threshold), and off for
+    /// good once the pool closes. (An undo frees without caching: `Settle::Exact`.)
     cache: SizeCache,
     cache_on: bool,
     /// Steps recorded or served from a plan (`step.rs`).
@@ -271,7 +262,6 @@ impl Pool {
             va,
             eager: cfg.release_threshold.is_some(),
             journal: Vec::new(),
-            batching: false,
             blocks: Table::new(),
             sec_links: Table::new(),
             vacant_blocks: Vec::new(),
@@ -289,15 +279,11 @@ impl Pool {
             next_fence: 1,
             scopes: FxHashMap::default(),
             next_scope: 1,
-            evacuating: NIL,
             counters: Counters::default(),
             latency: Histogram::default(),
             closed: false,
-            quick: false,
-            quick_miss: false,
             first_stream: None,
             streams_mixed: false,
-            alloc_error: None,
             cache: SizeCache::default(),
             cache_on: cfg.size_cache && cfg.release_threshold.is_none(),
             steps: step::Steps::default(),
@@ -305,7 +291,7 @@ impl Pool {
             dev,
         };
         let want = pool.cfg.initial_size.div_ceil(ps) as u32;
-        if !pool.ensure_pages(want) {
+        if !pool.ensure_pages(want, Reach::Grow) {
             let got = pool.counters.reserved_bytes;
             pool.close()?;
             return Err(Error::OutOfMemory(format!(

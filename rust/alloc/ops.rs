@@ -1,6 +1,8 @@
 //! The pool's public operations on single allocations: alloc, free, pins, queries, scopes,
 //! trim, close and the out-of-memory report.
 
+use std::num::NonZeroU64;
+
 use super::*;
 
 impl Pool {
@@ -28,47 +30,75 @@ impl Pool {
 
     /// Allocates `req.size` bytes. On failure nothing is allocated; the error says why.
     pub fn alloc(&mut self, req: Request) -> Result<(AllocId, u64)> {
-        if self.in_step() {
-            return self.step_alloc(req);
-        }
-        self.alloc_req(req, true)
+        self.alloc_as(req, Ask::ALLOC)
+            .map_err(|r| self.refusal_error(r, req.size))
     }
 
-    /// `alloc`; `reuse`: a pending free on the request's stream may serve it.
-    #[inline]
-    pub(super) fn alloc_req(&mut self, req: Request, reuse: bool) -> Result<(AllocId, u64)> {
+    /// `alloc` as `ask` says (inside an open step: the step's). (`alloc_as` and `alloc_req`
+    /// are inlined into their callers, so that `alloc` is one call and `alloc_inner`'s
+    /// result goes from registers to the caller's `Result` once.)
+    #[inline(always)]
+    pub(super) fn alloc_as(
+        &mut self,
+        req: Request,
+        ask: Ask,
+    ) -> std::result::Result<(AllocId, u64), Refusal> {
+        if self.in_step() {
+            return self.step_alloc(req, ask);
+        }
+        self.alloc_req(req, ask)
+    }
+
+    /// The error a refusal of a request of `size` bytes stands for, with its message (built
+    /// here, off the hot path, from the pool's state, which the refusal left as it was).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn refusal_error(&self, r: Refusal, size: u64) -> Error {
+        match r {
+            Refusal::NoRoom => self.oom_error(size),
+            Refusal::Error(e) => *e,
+        }
+    }
+
+    /// `alloc` outside a step.
+    #[inline(always)]
+    pub(super) fn alloc_req(
+        &mut self,
+        req: Request,
+        ask: Ask,
+    ) -> std::result::Result<(AllocId, u64), Refusal> {
         self.open()?;
         let units = self.validate_size(req.size)?;
         self.note_stream(req.stream);
         self.counters.calls += 1;
         let timed = self.counters.calls % LATENCY_SAMPLE == 0;
         let t0 = timed.then(Instant::now);
-        let (id, ptr) = self.alloc_inner(req, units, reuse);
+        let r = self.alloc_inner(req, units, ask);
         if let Some(t0) = t0 {
             self.latency.record(t0.elapsed().as_nanos() as u64);
         }
-        self.check();
-        if ptr == 0 {
-            return Err(self
-                .alloc_error
-                .take()
-                .expect("a refused request leaves its error"));
+        if !ask.batch {
+            self.check();
         }
-        Ok((AllocId::from_bits(id), ptr))
+        let (id, ptr) = r?;
+        Ok((AllocId::from_bits(id), ptr.get()))
     }
 
-    /// `alloc_req`'s work: (handle bits, pointer), or pointer 0 with the error left in
-    /// `alloc_error` (a 16-byte pair comes back in registers; the 32-byte `Result` came back
-    /// through memory and was copied with loads wider than its stores, a stall of about 4 ns
-    /// an allocation in perf).
-    pub(super) fn alloc_inner(&mut self, req: Request, units: u64, reuse: bool) -> (u64, u64) {
-        if reuse {
+    /// `alloc_req`'s work: (handle bits, pointer), or why not (see `Refusal`: the pair and
+    /// the refusal come back in two registers).
+    pub(super) fn alloc_inner(
+        &mut self,
+        req: Request,
+        units: u64,
+        ask: Ask,
+    ) -> std::result::Result<(u64, NonZeroU64), Refusal> {
+        if ask.reuse {
             if let Some((id, ptr)) = self.reuse(req, units) {
-                return (id.to_bits(), ptr);
+                return Self::served((id.to_bits(), ptr));
             }
         }
         match self.cache.take(units) {
-            Lookup::Hit(a) => return self.take_cached(a, req, units),
+            Lookup::Hit(a) => return Self::served(self.take_cached(a, req, units)),
             Lookup::Stale(w) => self.evict_way(w, units),
             Lookup::Miss => {}
         }
@@ -77,48 +107,46 @@ impl Pool {
         // a batch, which polls before its first: a refused batch undoes its page changes by
         // the block they made, which frees in between could merge away.)
         if !self.events.is_empty()
-            && !self.batching
+            && !ask.batch
             && (self.free_pages.free_units() == 0 || self.counters.calls % 64 == 0)
         {
             self.poll();
         }
-        let saved = self.page_counts();
         let mark = self.journal.len();
         let a = self.new_slot();
-        let mut placed = self.place(units, a, false);
-        if placed.is_none() && !self.cache.is_empty() && !self.quick {
+        let reach = if ask.quick { Reach::Held } else { Reach::Grow };
+        let mut placed = self.place(units, a, reach);
+        if placed.is_none() && !self.cache.is_empty() && !ask.quick {
             // it would grow the pool (which `grow` refuses while the cache holds memory): the
             // cached blocks go back first
             self.undo_to(mark);
             self.flush_cache();
-            placed = self.place(units, a, false);
+            placed = self.place(units, a, Reach::Grow);
         }
         let layout = match placed {
             Some(l) => l,
-            None if self.quick => {
-                self.quick_miss = true;
+            None if ask.quick => {
                 self.vacant_allocs.push(a);
                 self.undo_to(mark);
-                return self.refuse(Error::OutOfMemory(String::new()));
+                return Err(Refusal::NoRoom);
             }
             None => {
                 // The way to out of memory: compact what may move, then use anything. (Not
                 // inside a batch: a refused batch is undone exactly, which a move into pages
                 // taken for the batch would prevent.)
-                if !self.batching && self.has_movable() {
+                if !ask.batch && self.has_movable() {
                     // (the first attempt's page changes are undone first: compaction moves
                     // the blocks they name)
                     self.undo_to(mark);
                     self.defrag_inner(Copying::Bytes);
                 }
-                match self.place(units, a, true) {
+                match self.place(units, a, Reach::Any) {
                     Some(l) => l,
                     None => {
                         self.vacant_allocs.push(a);
                         self.undo_to(mark);
                         self.counters.failures += 1;
-                        let e = self.oom_error(req.size);
-                        return self.refuse(e);
+                        return Err(Refusal::NoRoom);
                     }
                 }
             }
@@ -128,18 +156,26 @@ impl Pool {
             Err(e) => {
                 // The backend refused the mapping: undo the placement, give back any page
                 // taken for it, and leave the counters as they were (one failure counted).
-                self.abandon(Some(layout), a, mark, saved);
+                self.abandon(Some(layout), a, mark);
                 self.counters.failures += 1;
-                return self.refuse(e);
+                return Err(e.into());
             }
         };
-        if !self.batching {
+        if ask.batch {
+            self.journal.push(Change::Made { a });
+        } else {
             self.journal.clear();
         }
         let x = &mut self.allocs[a as usize];
         x.ptr = ptr;
         x.layout = layout;
-        self.go_live(a, req, units)
+        Self::served(self.go_live(a, req, units))
+    }
+
+    /// A request served at (handle bits, pointer); a pool address is never 0.
+    #[inline(always)]
+    fn served((id, ptr): (u64, u64)) -> std::result::Result<(u64, NonZeroU64), Refusal> {
+        NonZeroU64::new(ptr).map(|p| (id, p)).ok_or(Refusal::NoRoom)
     }
 
     /// `alloc` when it is quick: served from the pages the pool holds, without growing it or
@@ -147,17 +183,15 @@ impl Pool {
     /// this under the GIL, since releasing and taking back the GIL costs more than the call.
     #[inline]
     pub fn try_alloc_quick(&mut self, req: Request) -> Option<Result<(AllocId, u64)>> {
-        self.quick = true;
-        self.quick_miss = false;
         let calls = self.counters.calls;
-        let r = self.alloc(req);
-        self.quick = false;
-        if self.quick_miss {
-            self.counters.calls = calls;
-            self.cache.retry_next();
-            return None;
+        match self.alloc_as(req, Ask::QUICK) {
+            Err(Refusal::NoRoom) => {
+                self.counters.calls = calls;
+                self.cache.retry_next();
+                None
+            }
+            r => Some(r.map_err(|r| self.refusal_error(r, req.size))),
         }
-        Some(r)
     }
 
     /// Whether a free is quick (no scrub, no pages to give back): see `try_alloc_quick`.

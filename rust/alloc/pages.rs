@@ -7,10 +7,6 @@ impl Pool {
     /// Takes `n` pages from the device into the free pages: all of them, or none at the
     /// pool's maximum or when the device has fewer (the PMM's batch is all or nothing).
     pub(super) fn grow(&mut self, n: u32) -> bool {
-        if self.quick {
-            self.quick_miss = true;
-            return false;
-        }
         // While the cache holds memory the pool does not grow: the request that asked gives
         // the cache back and tries again (`alloc_inner`; a batch gives it back first).
         if !self.cache.is_empty() {
@@ -39,12 +35,13 @@ impl Pool {
                 return false;
             }
         }
+        let peak = self.counters.peak_reserved;
         for info in infos {
             let p = (info.addr >> self.page_shift) as u32;
             self.pages[p as usize] = PageKind::Owned;
             self.page_chunk[p as usize] = info.id.to_bits();
             self.free_pages.free(p, 1);
-            self.journal.push(Change::Grow { p });
+            self.journal.push(Change::Grow { p, peak });
         }
         self.counters.reserved_bytes += n as u64 * ps;
         self.counters.peak_reserved = self
@@ -55,10 +52,11 @@ impl Pool {
         true
     }
 
-    /// At least `n` free pages, growing from the device as needed (all or nothing).
-    pub(super) fn ensure_pages(&mut self, n: u32) -> bool {
+    /// At least `n` free pages, growing from the device as needed (all or nothing) unless
+    /// `reach` is `Held`.
+    pub(super) fn ensure_pages(&mut self, n: u32, reach: Reach) -> bool {
         let have = self.free_pages.free_units();
-        have >= n as u64 || self.grow((n as u64 - have) as u32)
+        have >= n as u64 || (reach != Reach::Held && self.grow((n as u64 - have) as u32))
     }
 
     /// Gives free pages back to the device until at most `keep` bytes of them stay.
@@ -180,9 +178,6 @@ impl Pool {
             for b in items {
                 if self.free_pages.free_units() >= want {
                     break;
-                }
-                if self.blocks[b as usize].page == self.evacuating {
-                    continue;
                 }
                 self.remove_free(b);
                 if let Some(c) = self.split_out(b) {

@@ -4,13 +4,13 @@
 use super::*;
 
 impl Pool {
-    /// A small request: good fit in the heap pages, else a new heap page. Relaxed (on the way
-    /// to out of memory): a free block of a large page will do too. Before it takes a page,
+    /// A small request: good fit in the heap pages, else a new heap page. With `Reach::Any`
+    /// (on the way to out of memory): a free block of a large page will do too. Before it takes a page,
     /// the size cache's blocks of small sizes go back, merged, and it looks again: a page is
     /// taken only for what the heap pages cannot hold with no small block cached (without this, gpt2_decode's peak
     /// reserve was 1.689 x its peak live, with it 1.622 x; docs/replay.md).
     #[inline]
-    pub(super) fn place_small(&mut self, units: u32, a: u32, relaxed: bool) -> Option<Layout> {
+    pub(super) fn place_small(&mut self, units: u32, a: u32, reach: Reach) -> Option<Layout> {
         if let Some(b) = self.primary[HEAP].find_fit(
             &BlockLinksRef(&self.blocks),
             units,
@@ -21,9 +21,8 @@ impl Pool {
             return Some(Layout::Block(self.carve(b, 0, units, a)));
         }
         if !self.cache.is_empty() {
-            if self.quick {
+            if reach == Reach::Held {
                 // (the quick path leaves the cache as it is: the full path gives it back)
-                self.quick_miss = true;
                 return None;
             }
             // the small sizes only: their blocks are in heap pages (a large block given back
@@ -33,19 +32,19 @@ impl Pool {
                 for c in small {
                     self.uncache(c);
                 }
-                return self.place_small(units, a, relaxed);
+                return self.place_small(units, a, reach);
             }
         }
-        if self.quick_short_of(1) {
+        if self.quick_short_of(1, reach) {
             return None;
         }
         self.reclaim(1);
-        if self.ensure_pages(1) {
+        if self.ensure_pages(1, reach) {
             let p = self.free_pages.alloc(1).expect("a free page");
             let b = self.open_segment(p, 1, PageKind::Heap);
             return Some(Layout::Block(self.carve(b, 0, units, a)));
         }
-        if relaxed {
+        if reach == Reach::Any {
             return self.place_in_large_block(units, a);
         }
         None
@@ -71,7 +70,7 @@ impl Pool {
     /// A large request: a free block of a large segment that holds it; else a new segment
     /// over a run of free pages that holds it; else head + whole pages + tail, stitched, with
     /// the whole free pages inside segments reclaimed before the pool grows for them.
-    pub(super) fn place_large(&mut self, units: u64, a: u32, relaxed: bool) -> Option<Layout> {
+    pub(super) fn place_large(&mut self, units: u64, a: u32, reach: Reach) -> Option<Layout> {
         let pg = self.pg as u64;
         if units <= MAX_BLOCK {
             if let Some(l) = self.place_in_large_block(units as u32, a) {
@@ -79,7 +78,7 @@ impl Pool {
             }
         }
         // Stitched: first make the whole free pages inside segments usable.
-        if self.quick_short_of(units.div_ceil(pg) + 1) {
+        if self.quick_short_of(units.div_ceil(pg) + 1, reach) {
             return None;
         }
         self.reclaim(units.div_ceil(pg) + 1);
@@ -93,8 +92,8 @@ impl Pool {
         let t = (rest % pg) as u32;
         let fresh_tail = t > 0 && tail == NIL;
         let mut need = full + fresh_tail as u32;
-        if !self.ensure_pages(need) {
-            if !relaxed {
+        if !self.ensure_pages(need, reach) {
+            if reach != Reach::Any {
                 return None;
             }
             // Short of pages: any free page start that holds the tail saves one; a request
@@ -106,7 +105,7 @@ impl Pool {
                 {
                     tail = b;
                     need -= 1;
-                    ok = self.ensure_pages(need);
+                    ok = self.ensure_pages(need, reach);
                 }
             }
             if !ok {
@@ -218,18 +217,16 @@ impl Pool {
         }))
     }
 
-    /// On the quick path, a request that would reclaim pages from large segments (fewer than
-    /// `want` free) gives up (`quick_miss`) before it changes anything: the full path does
-    /// the reclaim. A reclaim undone after a quick miss left the free blocks binned in
+    /// On the quick path (`Reach::Held`), a request that would reclaim pages from large
+    /// segments (fewer than `want` free) gives up before it changes anything: the full path
+    /// does the reclaim. A reclaim undone after a quick miss left the free blocks binned in
     /// another order, and the full path then placed later requests elsewhere than a pool
     /// without the quick path (`cache_props::the_quick_path_places_as_the_full_one`).
     #[inline]
-    pub(super) fn quick_short_of(&mut self, want: u64) -> bool {
-        if self.quick && self.free_pages.free_units() < want && !self.primary[LARGE].is_empty() {
-            self.quick_miss = true;
-            return true;
-        }
-        false
+    pub(super) fn quick_short_of(&self, want: u64, reach: Reach) -> bool {
+        reach == Reach::Held
+            && self.free_pages.free_units() < want
+            && !self.primary[LARGE].is_empty()
     }
 
     /// Whether the pool is under pressure (see `PRESSURE_DIV`): the pages it could still get
@@ -320,11 +317,11 @@ impl Pool {
             .unwrap_or(NIL)
     }
 
-    pub(super) fn place(&mut self, units: u64, a: u32, relaxed: bool) -> Option<Layout> {
+    pub(super) fn place(&mut self, units: u64, a: u32, reach: Reach) -> Option<Layout> {
         if units < self.small_units {
-            self.place_small(units as u32, a, relaxed)
+            self.place_small(units as u32, a, reach)
         } else {
-            self.place_large(units, a, relaxed)
+            self.place_large(units, a, reach)
         }
     }
 
@@ -333,21 +330,21 @@ impl Pool {
     /// be stitched unless the pages after it are free): a batch is placed to be one block.
     /// When the pool may grow for it (it does not hold the batch's size free), the pages it
     /// lacks are taken first, so that a batch repeated in a loop finds its run again.
-    pub(super) fn place_batch(&mut self, units: u64, a: u32) -> Option<Layout> {
+    pub(super) fn place_batch(&mut self, units: u64, a: u32, reach: Reach) -> Option<Layout> {
         if units >= self.small_units {
             if let Some(l) = self.place_in_large_block(units as u32, a) {
                 return Some(l);
             }
             let n = units.div_ceil(self.pg as u64) as u32;
             // (growing when the pool may: the batch does not fit in what it holds free)
-            if !self.quick && self.free_pages.free_units() < n as u64 {
-                self.ensure_pages(n);
+            if reach != Reach::Held && self.free_pages.free_units() < n as u64 {
+                self.ensure_pages(n, reach);
             }
             if let Some(p) = self.free_pages.alloc(n) {
                 let b = self.open_segment(p, n, PageKind::Large);
                 return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
             }
         }
-        self.place(units, a, false)
+        self.place(units, a, reach)
     }
 }

@@ -135,7 +135,7 @@ impl Pool {
         debug_assert!(x.state == State::Cached);
         let layout = std::mem::replace(&mut x.layout, Layout::None);
         x.state = State::Vacant;
-        self.unplace(layout);
+        self.unplace(layout, Settle::Policy);
         self.vacant_allocs.push(a);
     }
 
@@ -202,13 +202,18 @@ impl Pool {
     /// `finish_free` of a slot whose pointer is no longer in the pointer index.
     #[inline]
     pub(super) fn release_slot(&mut self, a: u32) {
-        self.release_slot_into(a, None)
+        self.release_slot_into(a, None, Settle::Policy)
     }
 
-    /// `release_slot`; with `pending`, a one-block layout is only marked free (not merged or
-    /// binned) and its block listed there, for `merge_pending`.
+    /// `release_slot`, settled as `settle` says; with `pending`, a one-block layout is only
+    /// marked free (not merged or binned) and its block listed there, for `merge_pending`.
     #[inline(always)]
-    pub(super) fn release_slot_into(&mut self, a: u32, pending: Option<&mut Vec<u32>>) {
+    pub(super) fn release_slot_into(
+        &mut self,
+        a: u32,
+        pending: Option<&mut Vec<u32>>,
+        settle: Settle,
+    ) {
         if self.steps.watch {
             self.step_released(a);
         }
@@ -222,6 +227,7 @@ impl Pool {
         let x = &mut self.allocs[a as usize];
         let member = matches!(x.layout, Layout::Member(_));
         if pending.is_none()
+            && settle == Settle::Policy
             && self.cache_on
             && matches!(x.layout, Layout::Block(_))
             && self.cache.admit(units, a)
@@ -238,7 +244,7 @@ impl Pool {
                     u.links = Link::PENDING;
                     pending.push(b);
                 }
-                (layout, _) => self.unplace(layout),
+                (layout, _) => self.unplace(layout, settle),
             }
             self.vacant_allocs.push(a);
         }

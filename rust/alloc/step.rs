@@ -200,9 +200,13 @@ impl Pool {
     }
 
     /// `alloc` inside an open step.
-    pub(super) fn step_alloc(&mut self, req: Request) -> Result<(AllocId, u64)> {
+    pub(super) fn step_alloc(
+        &mut self,
+        req: Request,
+        ask: Ask,
+    ) -> std::result::Result<(AllocId, u64), Refusal> {
         if self.steps.plan.is_none() {
-            let r = self.alloc_req(req, true)?;
+            let r = self.alloc_req(req, ask)?;
             if !self.steps.partial {
                 self.step_record(r.0, req);
             }
@@ -220,13 +224,16 @@ impl Pool {
             self.steps.step_misses += 1;
             self.steps.misses += 1;
         }
-        let mut r = self.alloc_req(req, true);
-        if matches!(r, Err(Error::OutOfMemory(_))) && !self.quick && self.steps.plan.is_some() {
+        let mut r = self.alloc_req(req, ask);
+        if r.as_ref().is_err_and(Refusal::is_out_of_memory)
+            && !ask.quick
+            && self.steps.plan.is_some()
+        {
             // The plan must never make a request fail that the pool without it would serve:
             // it is dropped (its arena goes back unless served blocks still hold it) and the
             // request tried again; the next step is recorded for a new plan.
             self.step_rebuild();
-            r = self.alloc_req(req, true);
+            r = self.alloc_req(req, ask);
         }
         if r.is_err() {
             // (refused or not quick: it did not happen, and the caller may ask again)

@@ -231,7 +231,7 @@ impl Pool {
                 stream,
                 ..Request::default()
             };
-            let Ok((id, base)) = self.alloc_req(req, false) else {
+            let Ok((id, base)) = self.alloc_req(req, Ask::FRESH) else {
                 self.steps.need = 1;
                 return;
             };

@@ -93,9 +93,9 @@ impl Pool {
         Ok(self.va.translate(w) + head_off as u64 * GRANULE)
     }
 
-    /// Returns a layout's memory: blocks, pages and window.
+    /// Returns a layout's memory: blocks, pages and window, settled as `settle` says.
     #[inline(always)]
-    pub(super) fn unplace(&mut self, layout: Layout) {
+    pub(super) fn unplace(&mut self, layout: Layout, settle: Settle) {
         match layout {
             Layout::None => {}
             Layout::Member(g) => {
@@ -103,10 +103,10 @@ impl Pool {
                 x.members -= 1;
                 if x.members == 0 {
                     // the last member: the group's memory goes back
-                    self.release_group_memory(g);
+                    self.release_group_memory_as(g, settle);
                 }
             }
-            Layout::Block(b) => self.release_block(b),
+            Layout::Block(b) => self.release_block(b, settle),
             Layout::Stitched(i) => {
                 let st = std::mem::take(&mut self.stitches[i as usize]);
                 self.vacant_stitches.push(i);
@@ -114,13 +114,13 @@ impl Pool {
                     self.va.unmap(&*self.dev.backend, st.window, st.window_len);
                 }
                 if st.head != NIL {
-                    self.release_block(st.head);
+                    self.release_block(st.head, settle);
                 }
                 for (s, l) in st.runs {
                     self.free_pages.free(s, l);
                 }
                 if st.tail != NIL {
-                    self.release_block(st.tail);
+                    self.release_block(st.tail, settle);
                 }
             }
         }

@@ -298,9 +298,9 @@ pub(super) struct Stitch {
     pub(super) window_len: u32,
 }
 
-/// A change to the pages of large segments made while placing a request, kept until the
-/// request (or its batch) has succeeded so that a failure can undo it exactly.
-#[derive(Copy, Clone, Debug)]
+/// A change made while placing a request or a batch, kept (in the journal) until it has
+/// succeeded so that a failure can undo it exactly (`journal.rs`).
+#[derive(Clone, Debug)]
 pub(super) enum Change {
     /// `split_out` of free block `b`, which was `orig`, gave pages `[p0, p1)` back to the
     /// free pages; `right` is the free block it left at `p1` (NIL: none).
@@ -313,8 +313,12 @@ pub(super) enum Change {
     },
     /// Free pages `[p, p + n)` were appended to the segment whose last block is `b`.
     Extend { b: u32, p: u32, n: u32 },
-    /// Page `p` was taken from the device.
-    Grow { p: u32 },
+    /// Page `p` was taken from the device, when the peak reserve was `peak`.
+    Grow { p: u32, peak: u64 },
+    /// Slot `a` became a live allocation of the batch being made.
+    Made { a: u32 },
+    /// A batch began, with these counters.
+    Begin { counters: Box<Counters> },
 }
 
 /// One allocation slot: 64 bytes, one cache line (the rounded size is not stored: it is
@@ -384,4 +388,105 @@ pub(super) struct Counters {
     pub(super) calls: u64,
     pub(super) pages_taken: u64,
     pub(super) pages_released: u64,
+}
+
+/// How one request is served: arguments of `alloc_req`, not modes of the pool.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) struct Ask {
+    /// A pending free on the request's stream may serve it.
+    pub(super) reuse: bool,
+    /// Only from what the pool holds (`Reach::Held`): it does not grow, compact or give the
+    /// size cache back; when it would, it is refused with `Refusal::NoRoom` and nothing
+    /// changed (`try_alloc_quick`).
+    pub(super) quick: bool,
+    /// A request of `alloc_batch`: its changes stay in the journal for the batch, and it
+    /// neither polls, compacts nor validates (the batch does, whole).
+    pub(super) batch: bool,
+}
+
+impl Ask {
+    /// `alloc`.
+    pub(super) const ALLOC: Ask = Ask {
+        reuse: true,
+        quick: false,
+        batch: false,
+    };
+    /// `try_alloc_quick`.
+    pub(super) const QUICK: Ask = Ask {
+        quick: true,
+        ..Ask::ALLOC
+    };
+    /// One placement of memory that no pending free may serve (an arena, a plan's arena).
+    pub(super) const FRESH: Ask = Ask {
+        reuse: false,
+        ..Ask::ALLOC
+    };
+    /// A request of `alloc_batch`.
+    pub(super) const MEMBER: Ask = Ask {
+        batch: true,
+        ..Ask::FRESH
+    };
+}
+
+/// What a placement may use (an argument of `place` and the paths under it).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum Reach {
+    /// The pages the pool holds as they are: no growing, no reclaiming whole pages from
+    /// segments, no size-cache blocks given back (the quick path; a miss changes nothing).
+    Held,
+    /// And pages from the device.
+    Grow,
+    /// And anything that holds it (on the way to out of memory: a free page start for a
+    /// tail, a heap page's free block for a large request under a page).
+    Any,
+}
+
+/// Why a request was not served. Eight bytes, so `alloc_inner`'s `Result` comes back in two
+/// registers (a `Result` with the whole `Error` in it, 32 bytes, came back through memory and
+/// was copied with loads wider than its stores: about 4 ns a request in perf); the message of
+/// `NoRoom` is built on a cold path (`Pool::refusal_error`) from the request and the pool's
+/// state, which a refusal leaves as it found them.
+#[derive(Debug)]
+pub(super) enum Refusal {
+    /// No memory for it: out of memory, or (`Ask::quick`) not quick.
+    NoRoom,
+    /// Any other error, whole (a closed pool, a bad size, the backend refused a mapping).
+    Error(Box<Error>),
+}
+
+// `alloc_inner`'s result fits two registers (see `Refusal`).
+const _: () =
+    assert!(std::mem::size_of::<std::result::Result<(u64, std::num::NonZeroU64), Refusal>>() == 16);
+
+impl From<Error> for Refusal {
+    #[cold]
+    fn from(e: Error) -> Self {
+        Refusal::Error(Box::new(e))
+    }
+}
+
+impl Refusal {
+    /// Whether it is out of memory (`NoRoom` of a request that was not quick, or an
+    /// out-of-memory error such as an exhausted stitching window).
+    pub(super) fn is_out_of_memory(&self) -> bool {
+        match self {
+            Refusal::NoRoom => true,
+            Refusal::Error(e) => matches!(**e, Error::OutOfMemory(_)),
+        }
+    }
+}
+
+/// How freed memory settles (an argument of the free paths, not a mode of the pool).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum Settle {
+    /// As the pool's policy says: a one-block allocation may be cached for its size, and a
+    /// pool with a release threshold gives a freed block's whole pages back at once.
+    Policy,
+    /// Back exactly as it was split, for an undo (`journal.rs`): nothing cached, no whole
+    /// page taken out, so the journal's changes still name the blocks they made.
+    Exact,
+    /// Merged, but left out of the bins like the other free blocks of its heap page, which
+    /// `defrag` is emptying (`evacuate_heap_pages`); once all of the page is free it goes
+    /// back to the free pages.
+    Unbinned,
 }

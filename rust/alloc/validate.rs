@@ -82,9 +82,72 @@ impl Pool {
         Ok(())
     }
 
+    /// What crosses the tables: the tables kept side by side (per page, per block) are as
+    /// long as each other, and every index a structure holds into a table names an entry
+    /// (`Table::validate`), so the walks below read only entries that exist.
+    fn validate_tables(&self) -> std::result::Result<(), String> {
+        let n = self.pages.len();
+        if self.page_first.len() != n || self.page_chunk.len() != n {
+            return Err(format!(
+                "page tables of {n}, {} and {} entries",
+                self.page_first.len(),
+                self.page_chunk.len()
+            ));
+        }
+        if self.sec_links.len() != self.blocks.len() {
+            return Err(format!(
+                "{} blocks but {} secondary links",
+                self.blocks.len(),
+                self.sec_links.len()
+            ));
+        }
+        let firsts = (0..n as u32)
+            .filter(|&p| matches!(self.pages[p as usize], PageKind::Heap | PageKind::Large))
+            .map(|p| self.page_first[p as usize]);
+        let placed = || self.blocks.iter().filter(|b| b.page != NIL);
+        let neighbours = placed()
+            .flat_map(|b| [b.prev, b.next])
+            .filter(|&b| b != NIL);
+        self.blocks
+            .validate(
+                firsts
+                    .chain(neighbours)
+                    .chain(self.vacant_blocks.iter().copied()),
+            )
+            .map_err(|e| format!("blocks: {e}"))?;
+        self.pages
+            .validate(placed().map(|b| b.page))
+            .map_err(|e| format!("pages: {e}"))?;
+        let owners = placed().filter(|b| !b.free).map(|b| b.owner());
+        let groups = self.allocs.iter().filter_map(|x| match x.layout {
+            Layout::Member(g) => Some(g),
+            _ => None,
+        });
+        let members = self
+            .batches
+            .iter()
+            .flat_map(|r| r.members.iter().map(|e| e.1));
+        self.allocs
+            .validate(
+                owners
+                    .chain(groups)
+                    .chain(members)
+                    .chain(self.vacant_allocs.iter().copied()),
+            )
+            .map_err(|e| format!("allocation slots: {e}"))?;
+        let blocks = self.allocs.iter().filter_map(|x| match x.layout {
+            Layout::Block(b) => Some(b),
+            _ => None,
+        });
+        self.blocks
+            .validate(blocks)
+            .map_err(|e| format!("allocation blocks: {e}"))
+    }
+
     /// Checks every invariant of the module comment and recomputes every counter; returns a
     /// description of the first broken one.
     pub fn validate(&self) -> std::result::Result<(), String> {
+        self.validate_tables()?;
         self.free_pages
             .validate()
             .map_err(|e| format!("free pages: {e}"))?;
@@ -244,8 +307,7 @@ impl Pool {
         binned(&self.primary[LARGE], &l0, Some(false), None)?;
         binned(&self.secondary[SUFFIX], &l1, Some(false), Some(SUFFIX))?;
         binned(&self.secondary[PREFIX], &l1, Some(false), Some(PREFIX))?;
-        let evac = if self.evacuating == NIL { 0 } else { 1 };
-        if self.primary[HEAP].len() != nheap && evac == 0
+        if self.primary[HEAP].len() != nheap
             || self.primary[LARGE].len() != nlarge
             || self.secondary[SUFFIX].len() != nsuffix
             || self.secondary[PREFIX].len() != nprefix
