@@ -161,7 +161,7 @@ impl<'a> Placer<'a> {
 /// Where an item of `size` goes among the ranges `near` holds (sorted here by offset).
 /// Example: ranges [0, 4) and [6, 10), size 2: first fit and best fit give 4; size 3: 10.
 pub fn gap(near: &mut [(u64, u64)], size: u64, fit: Fit) -> u64 {
-    near.sort_unstable();
+    near.sort_unstable_by_key(|r| r.0);
     let mut cur = 0u64;
     let mut best: Option<(u64, u64)> = None;
     for &(a, b) in near.iter() {

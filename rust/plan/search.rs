@@ -23,7 +23,7 @@ const MAX_GREEDY: usize = 50_000_000;
 
 /// The search at the peak stops after this many rounds in a row find no lower peak. On the
 /// corpus no round lowers the best order's peak at all (`benches/plan.py`), and on the decode
-/// traces each round costs what a whole greedy placement of 70,000 items does.
+/// traces each round costs what a whole greedy placement of 80,000 items does.
 const PATIENCE: u32 = 2;
 
 /// A plan in 128 bits (`peak` may exceed `u64::MAX` for hostile sizes).
@@ -180,11 +180,12 @@ fn orders(items: &[It]) -> Vec<(Vec<u32>, Fit)> {
     let area = by(items, |it| {
         (Reverse(it.size * len(it)), Reverse(it.size), it.s)
     });
-    // size classes, largest first: within a class in time order (classes of 2x and 4x)
+    // size classes, largest first: within a class in time order (classes of 2x, 4x and 64x)
     // or longest-lived first (2x); what packs the decode traces' many small allocations
     let octave = |it: &It| 128 - it.size.leading_zeros();
     let class = by(items, |it| (Reverse(octave(it)), it.s));
     let class4 = by(items, |it| (Reverse(octave(it) / 2), it.s));
+    let class64 = by(items, |it| (Reverse(octave(it) / 6), it.s));
     let class_life = by(items, |it| (Reverse(octave(it)), Reverse(len(it)), it.s));
     // the orders best on the corpus first, so that a placement of a later order stops as
     // soon as it is worse than the best yet
@@ -192,6 +193,7 @@ fn orders(items: &[It]) -> Vec<(Vec<u32>, Fit)> {
         (class4, Fit::First),
         (class, Fit::First),
         (class_life, Fit::First),
+        (class64, Fit::First),
         (size.clone(), Fit::First),
         (size, Fit::Best),
         (life, Fit::First),

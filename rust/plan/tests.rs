@@ -163,8 +163,8 @@ fn hand_cases_reach_the_optimum() {
             (3, 3, 4),
             (1, 2, 4),
         ],
-        // optimum 16, found by one size class in time order; the orders by size, lifetime,
-        // area and start with the search at the peak reach 18
+        // optimum 16: the search at the peak reaches it from the size-class orders; from
+        // the orders by size, lifetime, area and start it stays at 18
         &[(6, 8, 10), (4, 7, 13), (4, 3, 8), (4, 5, 9), (4, 5, 8)],
     ];
     for case in cases {
