@@ -3,14 +3,18 @@ and the ``planned`` row of every corpus trace against its bound and against the 
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
 from corpus import ALL, params
 from gpumm import _core
+from gpumm.cli import demo_trace_path, main
 from gpumm.errors import InvalidArgumentError
 from gpumm.replay import devices_json, plan_prepared, prepare, read_devices, replay
+from gpumm.report import planned_text
+from gpumm.traces import read_rmm_csv
 
 ALIGN = 512
 
@@ -90,3 +94,38 @@ def test_corpus_plan_is_between_the_bound_and_the_online_pools(path):
         js = devices_json([rep])["planned"]
         assert js["peak_reserved"] == pl.peak_reserved and js["bound"] == pl.bound
         assert js["ratio"] == pytest.approx(pl.ratio, abs=1e-6)
+
+
+def _no_planner(monkeypatch):
+    """The planner raising an error no caller catches: a test fails if anything plans."""
+    def plan_trace(*args, **kwargs):
+        raise AssertionError("the planner was asked for")
+
+    monkeypatch.setattr(_core, "plan_trace", plan_trace)
+
+
+def test_replay_without_the_plan(monkeypatch):
+    t = read_rmm_csv(demo_trace_path())
+    assert replay(t, ["gpumm"], min_capacity=False).planned is not None
+    _no_planner(monkeypatch)
+    rep = replay(t, ["gpumm"], min_capacity=False, planned=False)
+    assert rep.planned is None and rep.to_json()["planned"] is None
+    assert "planned" not in planned_text(rep) and rep.results["gpumm"].ran
+
+
+def test_cli_no_plan(monkeypatch, capsys, tmp_path):
+    path = demo_trace_path()
+    args = ["replay", path, "--capacity", "1GiB", "--no-min-capacity", "--allocator", "gpumm"]
+    assert main(args + ["--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["planned"]["bound"] > 0
+    assert main(["doctor", path]) == 0
+    assert "no allocator can reserve less than" in " ".join(capsys.readouterr().out.split())
+    _no_planner(monkeypatch)
+    assert main(args + ["--no-plan", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["planned"] is None
+    page = tmp_path / "r.html"
+    assert main(args + ["--no-plan", "--html", str(page)]) == 0
+    assert "planned" not in page.read_text()
+    assert main(["doctor", path, "--no-plan"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "peak live" in out and "no allocator can reserve less than" not in out

@@ -287,7 +287,7 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
 
             reports.append(replay(t, names, capacity=args.capacity, device=args.device,
                                   min_capacity=not args.no_min_capacity, progress=step,
-                                  caching_options=conf))
+                                  caching_options=conf, planned=not args.no_plan))
     if args.json:
         text = json.dumps(devices_json(reports), indent=2)
         if args.json == "-":
@@ -299,7 +299,7 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
         from gpumm.doctor import diagnose_trace
         from gpumm.tune import tune
 
-        diags = [diagnose_trace(t, args.capacity) for t in traces]
+        diags = [diagnose_trace(t, args.capacity, not args.no_plan) for t in traces]
         tuned = [tune(t, capacity=args.capacity) for t in traces]
         with open(args.html, "w") as f:
             f.write(html_report(reports, traces, diags, tuned))
@@ -390,7 +390,7 @@ def cmd_doctor(args: argparse.Namespace, out: Console) -> int:
     _devices_note(traces, out, "diagnosed")
     for t in traces:
         _device_heading(t, out)
-        d = diagnose_trace(t, args.capacity)
+        d = diagnose_trace(t, args.capacity, not args.no_plan)
         for i, f in enumerate(d.findings, 1):
             mark = "[green]→[/green]" if f.kind == "remedy" else " "
             out.print(f"{i:2d}. {mark} {f.text}", highlight=False)
@@ -463,6 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", metavar="OUT", help="write the results as JSON ('-' for stdout only)")
     rp.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
     rp.add_argument("--no-min-capacity", action="store_true", help="skip the smallest-capacity search")
+    rp.add_argument("--no-plan", action="store_true", help="leave the offline planner out (no "
+                    "planned row; JSON planned: null)")
     rp.add_argument("--alloc-conf", metavar="CONF", help="the caching models' settings as a "
                     "PYTORCH_CUDA_ALLOC_CONF string, in place of the recorded ones (settings "
                     "not named take PyTorch's defaults), e.g. expandable_segments:True")
@@ -487,6 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--capacity", help="device capacity for the replays (default: an H100's)")
     dr.add_argument("--gpu", type=int, metavar="N", help="diagnose device N of a snapshot only "
                     "(default: every device, the one with a recorded OOM first)")
+    dr.add_argument("--no-plan", action="store_true", help="leave the offline planner out (no "
+                    "line on the plan and its bound)")
     from gpumm.cli_tune import register as register_tune
     register_tune(sub)
     tp = sub.add_parser("top", help="a live view of a process's pools (it calls gpumm.publish(FILE))")

@@ -22,18 +22,20 @@ __all__ = ["Finding", "Diagnosis", "diagnose_pool", "diagnose_file", "diagnose_t
 
 
 def diagnose_file(path: str, capacity: Optional[str] = None,
-                  gpu: Optional[int] = None) -> List[Diagnosis]:
+                  gpu: Optional[int] = None, planned: bool = True) -> List[Diagnosis]:
     """The diagnosis of a trace or snapshot, one per device (the device that recorded an
     out-of-memory failure first; only device ``gpu`` if given): the real allocator's state
     (snapshots), its failures, and what gpumm and the caching allocator would need for the
-    same work. A model that fails in the core is named in the findings, not raised."""
+    same work. A model that fails in the core is named in the findings, not raised.
+    ``planned``: with the offline plan's line (the bound, what a plan reserves)."""
     from gpumm.replay import read_devices
 
-    return [diagnose_trace(t, capacity) for t in read_devices(path, gpu)]
+    return [diagnose_trace(t, capacity, planned) for t in read_devices(path, gpu)]
 
 
-def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
-    """The diagnosis of one device's :class:`~gpumm.traces.Trace` (see :func:`diagnose_file`)."""
+def diagnose_trace(t: Any, capacity: Optional[str] = None, planned: bool = True) -> Diagnosis:
+    """The diagnosis of one device's :class:`~gpumm.traces.Trace` (see :func:`diagnose_file`);
+    ``planned=False`` leaves the offline planner out."""
     from gpumm.replay import replay
     from gpumm.report import recorded_oom_text
 
@@ -52,7 +54,7 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
         from gpumm.oom import explain_recorded_oom
 
         oom_findings = [d.findings.pop()] + explain_recorded_oom(t, fails[0], capacity)
-    rep = replay(t, ["gpumm", "caching", "driver"], capacity=capacity)
+    rep = replay(t, ["gpumm", "caching", "driver"], capacity=capacity, planned=planned)
     for name, r in rep.results.items():
         if r.error:
             add(Finding("fact", f"the {name} model failed on this trace, so the figures below "
@@ -70,15 +72,26 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None) -> Diagnosis:
                 f"{fs(drv.min_capacity or rep.peak_live)} of device for this trace"))
     pl = rep.planned
     if pl is not None:
-        above = (f"; gpumm is {fs(g.peak_reserved - pl.peak_reserved)} above it"
-                 if g.ran and g.peak_reserved >= pl.peak_reserved else
-                 f"; gpumm is {fs(pl.peak_reserved - g.peak_reserved)} below it" if g.ran else "")
-        add(Finding("fact", f"no allocator can do better than {fs(pl.bound)} on this trace (the "
-                    f"peak of live bytes); the best plan found reserves {fs(pl.peak_reserved)}"
-                    f"{above}"))
+        add(Finding("fact", planned_line(pl, g if g.ran else None)))
     d.rank()
     d.findings = oom_findings + d.findings  # the recorded failure first: it is the question
     return d
+
+
+def planned_line(pl: Any, g: Any = None) -> str:
+    """The bound and the offline plan in words, and gpumm's pool ``g`` (an allocator result,
+    or None) against both."""
+    line = (f"no allocator can reserve less than {fs(pl.bound)} on this trace (its peak of live "
+            f"bytes in 512-byte blocks); a plan made offline with every lifetime known reserves "
+            f"{fs(pl.peak_reserved)} ({pl.ratio:.4f} × that bound)")
+    if g is None:
+        return line
+    b = pl.bound or 1
+    rel = ("the same as the plan" if g.peak_reserved == pl.peak_reserved else
+           f"{fs(abs(g.peak_reserved - pl.peak_reserved))} "
+           f"{'above' if g.peak_reserved > pl.peak_reserved else 'below'} the plan")
+    return line + (f"; gpumm's pool reserves {fs(g.peak_reserved)} "
+                   f"({g.peak_reserved / b:.4f} × the bound, {rel})")
 
 
 def _fs(n: Optional[int]) -> str:

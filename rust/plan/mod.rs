@@ -12,11 +12,13 @@
 //! 1. items live over the whole span of a group go at its bottom, one above the other (no
 //!    plan of the group does better than that), and what is left splits into groups that
 //!    share no instant (`split.rs`); each group is planned apart from the others;
-//! 2. each group is placed greedily in several orders (size, lifetime length, size ×
-//!    lifetime, start) with first fit and best fit (`place.rs`), and once in time order by a
-//!    best-fit free list that costs O(n log n) whatever the overlaps (`sweep.rs`);
-//! 3. while a budget of work lasts, the items that set the group's peak move to the front of
-//!    the best order and the group is placed again (a bounded search on the items at the peak).
+//! 2. each group is placed greedily in several orders (size classes in time order or longest
+//!    lived first, size, lifetime length, size × lifetime) with first fit and best fit
+//!    (`place.rs`), and once in time order by a best-fit free list that costs O(n log n)
+//!    whatever the overlaps (`sweep.rs`);
+//! 3. while a budget of work lasts and rounds lower the peak, the items that set the group's
+//!    peak move to the front of the best order and the group is placed again (a bounded
+//!    search on the items at the peak).
 //!
 //! Files: `bound` (normalised items and the bound), `split` (the groups), `place` (the greedy
 //! placement of one order and its interval index), `sweep` (the time-order plan), `search`

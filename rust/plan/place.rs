@@ -9,6 +9,10 @@
 //! found in O(log T + k) for k of them. Over a whole order the k add up to the number of
 //! overlapping pairs, whatever the order ([`super::bound::overlapping_pairs`]), which is what
 //! the budget is charged before a placement starts.
+//!
+//! The placer counts in `u64` (a group whose sizes add up past `u64::MAX` gets the time-order
+//! plan only, [`fits_u64`]): no offset a greedy placement makes exceeds the sum of the sizes
+//! below it, and the gaps sort twice as fast as in 128 bits.
 
 use std::collections::BTreeSet;
 
@@ -27,13 +31,20 @@ pub enum Fit {
 /// Places the items of one group (lifetimes in ranks from 0) again and again in given orders.
 pub struct Placer<'a> {
     items: &'a [It],
+    sizes: Vec<u64>,
+    offsets: Vec<u64>,
     leaves: usize,
     /// the first entry of each node's list (NONE: empty)
     head: Vec<u32>,
     /// (item, next entry of the same node)
     entries: Vec<(u32, u32)>,
     starts: BTreeSet<(u32, u32)>,
-    near: Vec<(u128, u128)>,
+    near: Vec<(u64, u64)>,
+}
+
+/// Whether every greedy placement of `items` stays within `u64` (their sizes add up to it).
+pub fn fits_u64(items: &[It]) -> bool {
+    items.iter().map(|it| it.size).sum::<u128>() <= u64::MAX as u128
 }
 
 /// One placement: the offsets of the group's items (by their index in the group) and the
@@ -55,6 +66,9 @@ impl<'a> Placer<'a> {
         let leaves = span;
         Placer {
             items,
+            // callers check `fits_u64` first, so every size fits
+            sizes: items.iter().map(|it| it.size as u64).collect(),
+            offsets: vec![0; items.len()],
             leaves,
             head: vec![NONE; 2 * leaves],
             entries: Vec::new(),
@@ -75,35 +89,38 @@ impl<'a> Placer<'a> {
         self.head.fill(NONE);
         self.entries.clear();
         self.starts.clear();
-        let mut offsets = vec![0u128; self.items.len()];
-        let mut peak = 0u128;
+        let mut peak = 0u64;
         for &x in order {
             let it = self.items[x as usize];
-            self.gather(it, &offsets);
+            self.gather(it);
             *work = work.saturating_add(self.near.len() as u64 + 1);
-            let off = gap(&mut self.near, it.size, fit);
-            let top = off + it.size;
-            if top >= limit {
+            let size = self.sizes[x as usize];
+            let off = gap(&mut self.near, size, fit);
+            let top = off.saturating_add(size);
+            if top as u128 >= limit {
                 return None;
             }
             peak = peak.max(top);
-            offsets[x as usize] = off;
+            self.offsets[x as usize] = off;
             self.insert(x, it);
         }
-        Some(Placement { offsets, peak })
+        Some(Placement {
+            offsets: self.offsets.iter().map(|&o| o as u128).collect(),
+            peak: peak as u128,
+        })
     }
 
     /// The (offset, end) of every placed item whose lifetime overlaps `it`'s, in `near`.
-    fn gather(&mut self, it: It, offsets: &[u128]) {
+    fn gather(&mut self, it: It) {
         self.near.clear();
-        let items = self.items;
+        let (sizes, offsets) = (&self.sizes, &self.offsets);
         let mut node = it.s as usize + self.leaves;
         while node >= 1 {
             let mut e = self.head[node];
             while e != NONE {
                 let (j, next) = self.entries[e as usize];
                 let o = offsets[j as usize];
-                self.near.push((o, o + items[j as usize].size));
+                self.near.push((o, o + sizes[j as usize]));
                 e = next;
             }
             node >>= 1;
@@ -111,7 +128,7 @@ impl<'a> Placer<'a> {
         if it.s + 1 < it.e {
             for &(_, j) in self.starts.range((it.s + 1, 0)..(it.e, 0)) {
                 let o = offsets[j as usize];
-                self.near.push((o, o + items[j as usize].size));
+                self.near.push((o, o + sizes[j as usize]));
             }
         }
     }
@@ -143,10 +160,10 @@ impl<'a> Placer<'a> {
 
 /// Where an item of `size` goes among the ranges `near` holds (sorted here by offset).
 /// Example: ranges [0, 4) and [6, 10), size 2: first fit and best fit give 4; size 3: 10.
-pub fn gap(near: &mut [(u128, u128)], size: u128, fit: Fit) -> u128 {
-    near.sort_unstable();
-    let mut cur = 0u128;
-    let mut best: Option<(u128, u128)> = None;
+pub fn gap(near: &mut [(u64, u64)], size: u64, fit: Fit) -> u64 {
+    near.sort_unstable_by_key(|r| r.0);
+    let mut cur = 0u64;
+    let mut best: Option<(u64, u64)> = None;
     for &(a, b) in near.iter() {
         if a > cur && a - cur >= size {
             match fit {

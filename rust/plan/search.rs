@@ -2,22 +2,29 @@
 //!
 //! The greedy orders are those the literature on static memory planning finds best (sizes
 //! descending, lifetimes longest first, size × lifetime: TFLite's and MLIR's "greedy by
-//! size", the orders TelaMalloc starts from), each with first fit, the size orders also with
-//! best fit. The search then repeats the best order with the items that reach its peak moved
+//! size", the orders TelaMalloc starts from), each with first fit, sizes also with best fit,
+//! and size classes (of 2x and 4x) each in time order or longest-lived first,
+//! which is what packs a decode trace's many small allocations (`docs/plan.md`). The search
+//! then repeats the best order with the items that reach its peak moved
 //! halfway to the front (so they are placed before the items that pushed them up), keeping
 //! the best placement seen: a "squeaky wheel" search, bounded by `Options::rounds` and the
-//! budget, that stops at the bound.
+//! budget, that stops at the bound or after [`PATIENCE`] rounds without a lower peak.
 
 use std::cmp::Reverse;
 
 use super::bound::{live_peak, overlapping_pairs, It, Norm};
-use super::place::{Fit, Placement, Placer};
+use super::place::{fits_u64, Fit, Placement, Placer};
 use super::split::{split, Group};
 use super::sweep::sweep;
 use super::{Item, Options};
 
 /// A group this large gets the time-order plan only (the placer's arena counts in `u32`).
 const MAX_GREEDY: usize = 50_000_000;
+
+/// The search at the peak stops after this many rounds in a row find no lower peak. On the
+/// corpus no round lowers the best order's peak at all (`benches/plan.py`), and on the decode
+/// traces each round costs what a whole greedy placement of 80,000 items does.
+const PATIENCE: u32 = 2;
 
 /// A plan in 128 bits (`peak` may exceed `u64::MAX` for hostile sizes).
 pub struct Raw {
@@ -91,7 +98,7 @@ fn solve(items: &[It], cost: u64, budget: &mut u64, rounds: u32) -> Placement {
     let all: Vec<u32> = (0..items.len() as u32).collect();
     let bound = live_peak(items, &all);
     let mut best = sweep(items);
-    if best.peak == bound || items.len() > MAX_GREEDY || *budget < cost {
+    if best.peak == bound || items.len() > MAX_GREEDY || *budget < cost || !fits_u64(items) {
         return best;
     }
     let mut placer = Placer::new(items);
@@ -121,8 +128,9 @@ fn solve(items: &[It], cost: u64, budget: &mut u64, rounds: u32) -> Placement {
             peak: cur.peak,
         };
     }
+    let mut stale = 0;
     for _ in 0..rounds {
-        if best.peak == bound || *budget < cost {
+        if best.peak == bound || *budget < cost || stale >= PATIENCE {
             break;
         }
         order = promote(items, &order, &cur);
@@ -135,6 +143,9 @@ fn solve(items: &[It], cost: u64, budget: &mut u64, rounds: u32) -> Placement {
                 offsets: p.offsets.clone(),
                 peak: p.peak,
             };
+            stale = 0;
+        } else {
+            stale += 1;
         }
         cur = p;
     }
@@ -169,16 +180,23 @@ fn orders(items: &[It]) -> Vec<(Vec<u32>, Fit)> {
     let area = by(items, |it| {
         (Reverse(it.size * len(it)), Reverse(it.size), it.s)
     });
-    // power-of-two size classes, largest first, each in time order
-    let class = by(items, |it| (Reverse(128 - it.size.leading_zeros()), it.s));
-    let start = by(items, |it| (it.s, Reverse(it.size)));
+    // size classes, largest first: within a class in time order (classes of 2x, 4x and 64x)
+    // or longest-lived first (2x); what packs the decode traces' many small allocations
+    let octave = |it: &It| 128 - it.size.leading_zeros();
+    let class = by(items, |it| (Reverse(octave(it)), it.s));
+    let class4 = by(items, |it| (Reverse(octave(it) / 2), it.s));
+    let class64 = by(items, |it| (Reverse(octave(it) / 6), it.s));
+    let class_life = by(items, |it| (Reverse(octave(it)), Reverse(len(it)), it.s));
+    // the orders best on the corpus first, so that a placement of a later order stops as
+    // soon as it is worse than the best yet
     vec![
+        (class4, Fit::First),
+        (class, Fit::First),
+        (class_life, Fit::First),
+        (class64, Fit::First),
         (size.clone(), Fit::First),
         (size, Fit::Best),
         (life, Fit::First),
-        (area.clone(), Fit::First),
-        (area, Fit::Best),
-        (class, Fit::First),
-        (start, Fit::First),
+        (area, Fit::First),
     ]
 }
