@@ -42,14 +42,10 @@ impl Pool {
         // A small pool about to take a page: any free block that holds the request first,
         // the best of its own heap bin (which `HEAP_SCAN` skips), else one of a large segment.
         if self.small_pool() && self.free_pages.free_units() == 0 {
-            if let Some(b) = self.primary[HEAP].find_best(
-                &BlockLinksRef(&self.blocks),
-                units,
-                GROW_SCAN,
-                self.block_len(),
-            ) {
-                self.remove_free(b);
-                return Some(Layout::Block(self.carve(b, 0, units, a)));
+            let links = BlockLinksRef(&self.blocks);
+            let own = self.primary[HEAP].find_best(&links, units, GROW_SCAN, self.block_len());
+            if let Some(l) = own.map(|b| self.take_free(b, units, a)) {
+                return Some(l);
             }
             if let Some(l) = self.place_in_large_block(units, a) {
                 return Some(l);
@@ -114,14 +110,10 @@ impl Pool {
         // within `tail_slack`; not under pressure, where `pick_head_tail` pairs them).
         let grows = (self.free_pages.free_units() as u32) < need && self.small_pool();
         if grows && units < pg {
-            if let Some(b) = self.primary[HEAP].find_fit(
-                &BlockLinksRef(&self.blocks),
-                units as u32,
-                SCAN,
-                self.block_len(),
-            ) {
-                self.remove_free(b);
-                return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
+            let links = BlockLinksRef(&self.blocks);
+            let heap = self.primary[HEAP].find_fit(&links, units as u32, SCAN, self.block_len());
+            if let Some(l) = heap.map(|b| self.take_free(b, units as u32, a)) {
+                return Some(l);
             }
         }
         if grows && fresh_tail && !self.under_pressure() {
@@ -358,6 +350,12 @@ impl Pool {
             .find_at_most(&self.sec_links, n, SCAN, self.block_len())
             .filter(|&b| self.blocks[b as usize].len <= n)
             .unwrap_or(NIL)
+    }
+
+    /// Free block `b` leaves its bin and holds the request from its start.
+    fn take_free(&mut self, b: u32, units: u32, a: u32) -> Layout {
+        self.remove_free(b);
+        Layout::Block(self.carve(b, 0, units, a))
     }
 
     /// Whether the pool holds under `SMALL_POOL` bytes (see there).
