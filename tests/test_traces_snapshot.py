@@ -200,8 +200,9 @@ def test_rmm_writer_round_trip(tmp_path):
 
 def test_pool_snapshot_writer(tmp_path):
     pool = gpumm.MemoryPool(gpumm.Device(vidmem="64MiB"))
-    a = pool.alloc(3 * MiB)
+    # (the small one first: made after, it would take the large segment's free end)
     b = pool.alloc(1000)
+    a = pool.alloc(3 * MiB)
     p = tmp_path / "pool.pickle"
     write_snapshot(pool.snapshot(), p)
     data = load_snapshot(p)  # plain data: loads with the refusing unpickler
