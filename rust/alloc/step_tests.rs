@@ -418,3 +418,56 @@ fn a_plan_never_makes_a_request_fail_that_the_normal_path_serves() {
     assert_eq!(p.step_counts().hits, 1);
     p.validate().unwrap();
 }
+
+/// A served-step loop for profilers, as benches/step.rs: steps of 512 log-uniform requests
+/// (256 B – 8 MiB), request `i` freed once request `i + 8` is made, served from the plan.
+/// `PAIRS=n` (rounded to whole steps); `NORMAL=1` runs the same requests without steps. The
+/// cost of a pair is the difference of two runs over the difference of their pairs:
+/// `PAIRS=5120 valgrind --tool=callgrind <lib test binary> --ignored --exact
+/// alloc::step_tests::served_for_profiler` and again with `PAIRS=20480`.
+#[test]
+#[ignore = "a profiling loop for callgrind and perf, not a check"]
+fn served_for_profiler() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let sizes: Vec<u64> = (0..512)
+        .map(|_| 2f64.powf(rng.gen_range(8.0..23.0)) as u64)
+        .collect();
+    let normal = std::env::var("NORMAL").is_ok_and(|v| v == "1");
+    let steps = std::env::var("PAIRS").map_or(100_000, |v| v.parse::<usize>().unwrap()) / 512;
+    let mut p = Pool::new(device(80 << 30), PoolConfig::new(2 * MIB)).unwrap();
+    p.set_step_recording(1).unwrap();
+    let mut live = std::collections::VecDeque::with_capacity(9);
+    let mut run = |p: &mut Pool| {
+        if !normal {
+            p.step_begin().unwrap();
+        }
+        for &s in &sizes {
+            live.push_back(p.alloc(on(s, 0)).unwrap().0);
+            if live.len() > 8 {
+                p.free(live.pop_front().unwrap()).unwrap();
+            }
+        }
+        while let Some(id) = live.pop_front() {
+            p.free(id).unwrap();
+        }
+        if !normal {
+            p.step_end().unwrap();
+        }
+    };
+    for _ in 0..3 {
+        run(&mut p);
+    }
+    let hits = p.step_counts().hits;
+    let t = std::time::Instant::now();
+    for _ in 0..steps {
+        run(&mut p);
+    }
+    let ns = t.elapsed().as_nanos() as f64 / (steps * 512).max(1) as f64;
+    let c = p.step_counts();
+    eprintln!(
+        "{ns:.1} ns per pair; {} of {} requests served from the plan",
+        c.hits - hits,
+        steps * 512
+    );
+}
