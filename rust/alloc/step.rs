@@ -520,9 +520,9 @@ impl Pool {
         }
     }
 
-    /// Drops the plan: its arena goes back once no served allocation holds part of it. The
-    /// prepared slots that hold nothing go back; those that do are plain members of the
-    /// arena's group from now on.
+    /// Drops the plan: the prepared slots that hold nothing go back, and so does the arena,
+    /// but the parts of it that served allocations still hold (`step_dissolve`); those are
+    /// plain allocations from now on.
     pub(super) fn step_drop_plan(&mut self) {
         let Some(p) = self.steps.plan.take() else {
             return;
@@ -540,8 +540,10 @@ impl Pool {
             x.members -= 1 + p.slots.len() as u32 - p.n_held;
             if x.members == 0 {
                 self.release_group_memory(p.group);
-                self.after_free();
+            } else {
+                self.step_dissolve(p.group, &p.slots);
             }
+            self.after_free();
         }
     }
 

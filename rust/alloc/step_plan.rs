@@ -224,8 +224,8 @@ impl StepPlan {
 
 impl Pool {
     /// Plans the recorded step `rec` and takes its arena through the pool's normal path (a
-    /// group, as `alloc_arena` makes, held by the plan). An arena the pool cannot give leaves
-    /// no plan: the next step is recorded again.
+    /// group, as `alloc_arena` makes, held by the plan). An arena the pool cannot give in one
+    /// block (none, or only stitched) leaves no plan: the next step is recorded again.
     pub(super) fn step_make_plan(&mut self, rec: &[Rec]) {
         let mut p = StepPlan::of(rec);
         if self.cfg.check {
@@ -249,6 +249,17 @@ impl Pool {
                 self.steps.need = 1;
                 return;
             };
+            if matches!(self.allocs[id.index as usize].layout, Layout::Stitched(_)) {
+                // only an arena in one block can give back, when the plan is dropped, what
+                // its live allocations do not hold (`step_dissolve`)
+                let freed = self.free_unwatched(id);
+                debug_assert!(freed.is_ok());
+                let c = &mut self.counters;
+                (c.allocs, c.frees) = (c.allocs - 1, c.frees - 1);
+                (c.peak_live, c.peak_used) = (peak_live, peak_used);
+                self.steps.need = 1;
+                return;
+            }
             // the arena is memory the plan uses, not an allocation: counted as used only
             let c = &mut self.counters;
             c.allocs -= 1;
@@ -289,6 +300,57 @@ impl Pool {
                 last = (off, a);
             }
             p.entries[i].slot = last.1;
+        }
+    }
+
+    /// The arena of a dropped plan, group `g` with its prepared `slots`, that served
+    /// allocations still hold: when it is one block, it is cut into a block for each of them
+    /// and free blocks between them, so that the memory they do not hold goes back at once
+    /// (a plan dropped for a request the pool cannot serve must leave the pool as the pool
+    /// without steps would be). (An arena is one block: `step_make_plan`.)
+    pub(super) fn step_dissolve(&mut self, g: u32, slots: &[u32]) {
+        let Layout::Block(b) = self.allocs[g as usize].layout else {
+            return;
+        };
+        let base = self.allocs[g as usize].ptr;
+        let end = base + self.blocks[b as usize].len as u64 * GRANULE;
+        let mut held: Vec<(u64, u32)> = slots
+            .iter()
+            .map(|&a| (self.allocs[a as usize].ptr, a))
+            .filter(|&(_, a)| matches!(self.allocs[a as usize].state, State::Live | State::Freeing))
+            .collect();
+        held.sort_unstable();
+        // the block's pieces in address order: the held allocations, and a vacant slot for
+        // each gap (its size the gap's), given back once cut
+        let (mut pieces, mut gaps) = (Vec::with_capacity(2 * held.len() + 1), Vec::new());
+        let mut at = base;
+        for (ptr, a) in held.into_iter().chain(std::iter::once((end, NIL))) {
+            if ptr > at {
+                let d = self.new_slot();
+                let x = &mut self.allocs[d as usize];
+                (x.ptr, x.size) = (at, ptr - at);
+                pieces.push((at, d));
+                gaps.push(d);
+            }
+            if a != NIL {
+                pieces.push((ptr, a));
+                at = ptr + self.allocs[a as usize].units() * GRANULE;
+            }
+        }
+        self.allocs[pieces[0].1 as usize].layout = Layout::Block(b);
+        self.cut_uncut(b, &pieces);
+        let x = &mut self.allocs[g as usize];
+        x.layout = Layout::None;
+        x.state = State::Vacant;
+        x.members = 0;
+        x.generation = x.generation.wrapping_add(1);
+        self.vacant_allocs.push(g);
+        for d in gaps {
+            let x = &mut self.allocs[d as usize];
+            let layout = std::mem::replace(&mut x.layout, Layout::None);
+            self.counters.used_bytes -= x.units() * GRANULE;
+            self.unplace(layout);
+            self.vacant_allocs.push(d);
         }
     }
 

@@ -6,13 +6,13 @@ use proptest::prelude::*;
 use super::tests::{device, MIB};
 use super::*;
 
-fn pool(vidmem: u64) -> Pool {
+pub(super) fn pool(vidmem: u64) -> Pool {
     let mut cfg = PoolConfig::new(2 * MIB);
     cfg.check = true;
     Pool::new(device(vidmem), cfg).unwrap()
 }
 
-fn on(size: u64, stream: u64) -> Request {
+pub(super) fn on(size: u64, stream: u64) -> Request {
     Request {
         size,
         stream,
@@ -22,7 +22,7 @@ fn on(size: u64, stream: u64) -> Request {
 
 /// One event of a step: allocate request `i` (its size and stream), or free request `i`.
 #[derive(Clone, Copy, Debug)]
-enum Ev {
+pub(super) enum Ev {
     A(usize, u64, u64),
     F(usize),
 }
@@ -205,6 +205,48 @@ fn a_served_block_freed_on_another_stream_waits_for_its_fence() {
 }
 
 #[test]
+fn a_served_block_freed_on_a_stream_serves_that_stream_at_once() {
+    // entries 0 and 1 share an address; 2 and 3 (on stream 4) share another
+    let mut p = pool(256 * MIB);
+    p.set_step_recording(1).unwrap();
+    let step = [
+        Ev::A(0, 2 * MIB, 0),
+        Ev::F(0),
+        Ev::A(1, 2 * MIB, 0),
+        Ev::F(1),
+        Ev::A(2, MIB, 4),
+        Ev::F(2),
+        Ev::A(3, 512 * 1024, 4),
+        Ev::F(3),
+    ];
+    run_step(&mut p, &step);
+    p.step_begin().unwrap();
+    let (a, pa) = p.alloc(on(2 * MIB, 0)).unwrap();
+    let fence = p.free_async(a, 0).unwrap();
+    // stream 0's next request runs after the work queued before the free: it takes the block
+    let (b, pb) = p.alloc(on(2 * MIB, 0)).unwrap();
+    assert_eq!(pb, pa);
+    assert_eq!((p.step_counts().hits, p.step_counts().misses), (2, 0));
+    assert_eq!(
+        p.stats().freeing_bytes,
+        0,
+        "the pending free was taken over"
+    );
+    p.free(b).unwrap();
+    // a request that covers only part of a block freed on its stream does not take it
+    let (c, pc) = p.alloc(on(MIB, 4)).unwrap();
+    let fence2 = p.free_async(c, 4).unwrap();
+    let (d, pd) = p.alloc(on(512 * 1024, 4)).unwrap();
+    assert!(pd < pc || pd >= pc + MIB, "outside the block still freeing");
+    assert_eq!(p.step_counts().misses, 1);
+    p.free(d).unwrap();
+    p.step_end().unwrap();
+    assert_eq!(p.complete(fence).unwrap(), 0, "a stale fence frees nothing");
+    assert_eq!(p.complete(fence2).unwrap(), 1);
+    p.validate().unwrap();
+}
+
+#[test]
 fn a_plan_that_keeps_missing_is_rebuilt() {
     let mut p = planned();
     let other: Vec<Ev> = base_step()
@@ -259,7 +301,7 @@ fn steps_open_and_close_in_pairs() {
 }
 
 #[derive(Clone, Debug)]
-enum Dep {
+pub(super) enum Dep {
     /// Request `i` asks `extra` more granules.
     Resize(usize, u64),
     /// Request `i` is not made (nor freed).
@@ -270,21 +312,24 @@ enum Dep {
     Async(usize),
     /// Request `i` is left live into the next step, freed at its end.
     Carry(usize),
+    /// Requests `i` and `i + 1` come in the other order (their sizes and streams swap).
+    Swap(usize),
 }
 
-fn dep() -> impl Strategy<Value = Dep> {
+pub(super) fn dep() -> impl Strategy<Value = Dep> {
     prop_oneof![
         (0..24usize, 1..64u64).prop_map(|(i, e)| Dep::Resize(i, e)),
         (0..24usize).prop_map(Dep::Drop),
         (0..24usize).prop_map(Dep::Late),
         (0..24usize).prop_map(Dep::Async),
         (0..24usize).prop_map(Dep::Carry),
+        (0..24usize).prop_map(Dep::Swap),
     ]
 }
 
 /// A random step of up to 24 requests: sizes from 256 B to 6 MiB, each freed after a
 /// random number of later events (some outlive the step).
-fn step_seq() -> impl Strategy<Value = Vec<(u64, u64, usize)>> {
+pub(super) fn step_seq() -> impl Strategy<Value = Vec<(u64, u64, usize)>> {
     proptest::collection::vec((8u32..23, 0..2u64, 0usize..30), 1..24).prop_map(|v| {
         v.into_iter()
             .map(|(lg, stream, life)| {
@@ -299,7 +344,7 @@ fn step_seq() -> impl Strategy<Value = Vec<(u64, u64, usize)>> {
 }
 
 /// The events of a step from `seq` with departures `deps`.
-fn events(seq: &[(u64, u64, usize)], deps: &[Dep]) -> (Vec<Ev>, Vec<usize>, Vec<usize>) {
+pub(super) fn events(seq: &[(u64, u64, usize)], deps: &[Dep]) -> (Vec<Ev>, Vec<usize>, Vec<usize>) {
     let mut sizes: Vec<Option<(u64, u64)>> = seq.iter().map(|&(s, st, _)| Some((s, st))).collect();
     let (mut late, mut asyncs, mut carry) = (vec![], vec![], vec![]);
     for d in deps {
@@ -311,6 +356,7 @@ fn events(seq: &[(u64, u64, usize)], deps: &[Dep]) -> (Vec<Ev>, Vec<usize>, Vec<
             Dep::Late(i) if i < seq.len() => late.push(i),
             Dep::Async(i) if i < seq.len() => asyncs.push(i),
             Dep::Carry(i) if i < seq.len() => carry.push(i),
+            Dep::Swap(i) if i + 1 < seq.len() => sizes.swap(i, i + 1),
             _ => {}
         }
     }
