@@ -218,14 +218,17 @@ impl Pool {
             let k = s.cursor;
             if let Some(e) = p.entries.get(k) {
                 let a = e.slot;
-                if e.size == req.size && e.stream == req.stream && a != NIL && !req.movable {
-                    if p.quick_safe(k) {
-                        s.cursor = k + 1;
-                        if s.extras || req.scope != 0 || self.by_ptr.is_some() {
-                            return Ok(self.step_serve_full(k, a, req));
-                        }
-                        return Ok(self.step_serve(k, a, req));
+                if e.size == req.size
+                    && e.stream == req.stream
+                    && a != NIL
+                    && !req.movable
+                    && p.quick_safe(k)
+                {
+                    s.cursor = k + 1;
+                    if s.extras || req.scope != 0 || self.by_ptr.is_some() {
+                        return Ok(self.step_serve_full(k, a, req));
                     }
+                    return Ok(self.step_serve(k, a, req));
                 }
             }
         }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use super::step_tests::{dep, events, on, pool, Dep, Ev};
+use super::step_tests::{dep, end_step, events, on, pool, Dep, Ev};
 use super::*;
 
 const PAGE: u64 = 2 << 20;
@@ -55,19 +55,7 @@ fn first_refusal(
                 Ev::F(i) => p.free(live.remove(&i).unwrap()).unwrap(),
             }
         }
-        for id in carried.drain(..) {
-            p.free(id).unwrap();
-        }
-        if stepped {
-            p.step_end().unwrap();
-        }
-        for (i, id) in live {
-            if carry.contains(&i) {
-                carried.push(id);
-            } else {
-                p.free(id).unwrap();
-            }
-        }
+        end_step(&mut p, stepped, live, &carry, &mut carried);
     }
     p.validate().unwrap();
     None

@@ -170,17 +170,25 @@ fn a_served_block_live_after_its_step_blocks_only_what_overlaps_it() {
     p.validate().unwrap();
 }
 
-#[test]
-fn a_served_block_freed_on_another_stream_waits_for_its_fence() {
+/// A pool that recorded a step of two 2 MiB requests, each freed before the next (the plan
+/// puts them at one address), then `more`, and holds its plan.
+fn planned_twice(more: &[Ev]) -> Pool {
     let mut p = pool(256 * MIB);
     p.set_step_recording(1).unwrap();
-    let step = [
+    let mut step = vec![
         Ev::A(0, 2 * MIB, 0),
         Ev::F(0),
         Ev::A(1, 2 * MIB, 0),
         Ev::F(1),
     ];
+    step.extend_from_slice(more);
     run_step(&mut p, &step);
+    p
+}
+
+#[test]
+fn a_served_block_freed_on_another_stream_waits_for_its_fence() {
+    let mut p = planned_twice(&[]);
     let s = p.steps.plan.as_ref().unwrap();
     assert_eq!(
         s.entries[0].off, s.entries[1].off,
@@ -207,19 +215,12 @@ fn a_served_block_freed_on_another_stream_waits_for_its_fence() {
 #[test]
 fn a_served_block_freed_on_a_stream_serves_that_stream_at_once() {
     // entries 0 and 1 share an address; 2 and 3 (on stream 4) share another
-    let mut p = pool(256 * MIB);
-    p.set_step_recording(1).unwrap();
-    let step = [
-        Ev::A(0, 2 * MIB, 0),
-        Ev::F(0),
-        Ev::A(1, 2 * MIB, 0),
-        Ev::F(1),
+    let mut p = planned_twice(&[
         Ev::A(2, MIB, 4),
         Ev::F(2),
         Ev::A(3, 512 * 1024, 4),
         Ev::F(3),
-    ];
-    run_step(&mut p, &step);
+    ]);
     p.step_begin().unwrap();
     let (a, pa) = p.alloc(on(2 * MIB, 0)).unwrap();
     let fence = p.free_async(a, 0).unwrap();
@@ -379,6 +380,30 @@ pub(super) fn events(seq: &[(u64, u64, usize)], deps: &[Dep]) -> (Vec<Ev>, Vec<u
     )
 }
 
+/// The end of a step of `events`: the allocations carried from the step before are freed,
+/// the step closed (`stepped`), and those left `live` freed but the ones to `carry` on.
+pub(super) fn end_step(
+    p: &mut Pool,
+    stepped: bool,
+    live: BTreeMap<usize, AllocId>,
+    carry: &[usize],
+    carried: &mut Vec<AllocId>,
+) {
+    for id in carried.drain(..) {
+        p.free(id).unwrap();
+    }
+    if stepped {
+        p.step_end().unwrap();
+    }
+    for (i, id) in live {
+        if carry.contains(&i) {
+            carried.push(id);
+        } else {
+            p.free(id).unwrap();
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
@@ -423,17 +448,7 @@ proptest! {
                 }
                 disjoint(&p);
             }
-            for id in carried.drain(..) {
-                p.free(id).unwrap();
-            }
-            p.step_end().unwrap();
-            for (i, id) in live {
-                if carry.contains(&i) {
-                    carried.push(id);
-                } else {
-                    p.free(id).unwrap();
-                }
-            }
+            end_step(&mut p, true, live, &carry, &mut carried);
             for f in fences {
                 p.complete(f).unwrap();
             }
