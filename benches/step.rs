@@ -8,6 +8,8 @@
 //!   cache warm).
 //! - `step/departing-10pct`: the served step with every tenth request 256 B larger (a
 //!   departure: the normal path), the rest served.
+//! - `step/loop`: the same loop with an identity in place of alloc and free (what "net of
+//!   the loop" takes away: benches/RESULTS.md).
 
 #[path = "common/mod.rs"]
 mod common;
@@ -29,17 +31,36 @@ fn req(size: u64) -> Request {
     }
 }
 
-/// One step of `sizes`: request `i` freed once `LIVE` more are made.
-fn run(p: &mut Pool, sizes: &[u64], live: &mut VecDeque<AllocId>) {
+/// One step of `sizes` through `alloc` and `free` on `cx`: request `i` freed once `LIVE`
+/// more are made.
+#[inline(always)]
+fn each<C, T>(
+    cx: &mut C,
+    sizes: &[u64],
+    live: &mut VecDeque<T>,
+    alloc: impl Fn(&mut C, u64) -> T,
+    free: impl Fn(&mut C, T),
+) {
     for &s in sizes {
-        live.push_back(p.alloc(req(black_box(s))).unwrap().0);
+        live.push_back(alloc(cx, black_box(s)));
         if live.len() > LIVE {
-            p.free(live.pop_front().unwrap()).unwrap();
+            free(cx, live.pop_front().unwrap());
         }
     }
     while let Some(id) = live.pop_front() {
-        p.free(id).unwrap();
+        free(cx, id);
     }
+}
+
+/// One step of `sizes` on pool `p`.
+fn run(p: &mut Pool, sizes: &[u64], live: &mut VecDeque<AllocId>) {
+    each(
+        p,
+        sizes,
+        live,
+        |p, s| p.alloc(req(s)).unwrap().0,
+        |p, id| p.free(id).unwrap(),
+    );
 }
 
 fn stepped(p: &mut Pool, sizes: &[u64], live: &mut VecDeque<AllocId>) {
@@ -86,6 +107,21 @@ fn steps(c: &mut Criterion) {
         run(&mut q, &sizes, &mut live);
     }
     g.bench_function("normal", |b| b.iter(|| run(&mut q, &sizes, &mut live)));
+
+    let mut ids = VecDeque::with_capacity(LIVE + 1);
+    g.bench_function("loop", |b| {
+        b.iter(|| {
+            each(
+                &mut (),
+                &sizes,
+                &mut ids,
+                |_, s| black_box(s),
+                |_, x| {
+                    black_box(x);
+                },
+            )
+        })
+    });
     g.finish();
 }
 

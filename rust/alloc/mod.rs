@@ -71,6 +71,8 @@ mod stats;
 mod step;
 mod step_plan;
 #[cfg(test)]
+mod step_props;
+#[cfg(test)]
 mod step_tests;
 mod stitch;
 mod streams;

@@ -200,14 +200,23 @@ impl Pool {
     }
 
     /// Frees an allocation now.
+    #[inline]
     pub fn free(&mut self, id: AllocId) -> Result<()> {
+        if self.steps.watch {
+            return self.step_free(id);
+        }
+        self.free_unwatched(id)
+    }
+
+    /// `free` in a pool no step watches, or of an allocation the step was told of.
+    pub(super) fn free_unwatched(&mut self, id: AllocId) -> Result<()> {
         self.open()?;
         let a = self.resolve(id)?;
         self.check_unpinned(a)?;
         let x = &self.allocs[a as usize];
         self.counters.live_bytes -= x.size;
         self.counters.frees += 1;
-        self.finish_free(a);
+        self.finish_free_unwatched(a);
         self.after_free();
         self.check();
         Ok(())

@@ -199,6 +199,14 @@ impl Pool {
         self.release_slot(a);
     }
 
+    /// `finish_free` of a slot the step has been told of already (`free` asks `step_free`
+    /// first when a step watches).
+    #[inline]
+    pub(super) fn finish_free_unwatched(&mut self, a: u32) {
+        self.unindex(self.allocs[a as usize].ptr);
+        self.release_slot_unwatched(a, None, Settle::Policy);
+    }
+
     /// `finish_free` of a slot whose pointer is no longer in the pointer index.
     #[inline]
     pub(super) fn release_slot(&mut self, a: u32) {
@@ -214,9 +222,15 @@ impl Pool {
         pending: Option<&mut Vec<u32>>,
         settle: Settle,
     ) {
-        if self.steps.watch {
-            self.step_released(a);
+        if self.steps.watch && self.step_released(a) {
+            return; // a slot prepared by the plan: done with there
         }
+        self.release_slot_unwatched(a, pending, settle)
+    }
+
+    /// `release_slot_into` without telling the step.
+    #[inline(always)]
+    fn release_slot_unwatched(&mut self, a: u32, pending: Option<&mut Vec<u32>>, settle: Settle) {
         let x = &mut self.allocs[a as usize];
         let (ptr, units, freeing) = (x.ptr, x.units(), x.state == State::Freeing);
         x.generation = x.generation.wrapping_add(1);

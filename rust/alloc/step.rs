@@ -29,7 +29,7 @@
 //! - The arena's group counts one member more than it has (the plan's hold), so it stays
 //!   while the plan does; dropping the plan takes the hold away.
 
-use super::step_plan::StepPlan;
+use super::step_plan::{overlaps, StepPlan};
 use super::*;
 
 /// How many entries past the cursor a request may match (re-synchronising after requests
@@ -72,11 +72,15 @@ pub(super) struct Steps {
     clock: u64,
     pub(super) plan: Option<StepPlan>,
     cursor: usize,
-    step_hits: u64,
-    step_misses: u64,
+    /// `hits` and `misses` when the open step began.
+    step_start: (u64, u64),
+    /// Set when the open step began: the pool checks itself, scrubs or gives pages back as
+    /// they free up, so a served request takes `step_serve_full` and `step_free_full`.
+    extras: bool,
     last: Option<(u64, u64)>,
-    /// The plan entry each served slot holds (read only for slots of the arena's group).
-    pub(super) entry_of: Vec<u32>,
+    /// The plan entry each prepared slot holds (read only for the plan's prepared slots,
+    /// and only while they are live or freeing).
+    pub(super) entry_of: Table<u32>,
     pub(super) hits: u64,
     pub(super) misses: u64,
     pub(super) rebuilds: u64,
@@ -122,17 +126,23 @@ impl Pool {
     /// Opens a step: requests until `step_end` are recorded, or served from the plan.
     pub fn step_begin(&mut self) -> Result<()> {
         self.open()?;
-        let s = &mut self.steps;
-        if s.open {
+        if self.steps.open {
             return Err(Error::InvalidState("a step is already open".into()));
         }
+        if self.steps.plan.is_some() {
+            // frees whose fences completed give their entries back before the step (served
+            // requests never reach the polls of the normal path)
+            self.poll();
+        }
+        let s = &mut self.steps;
         if s.need == 0 {
             s.need = s.record_steps.unwrap_or(DEFAULT_RECORD_STEPS);
         }
         s.open = true;
         s.cursor = 0;
-        s.step_hits = 0;
-        s.step_misses = 0;
+        s.step_start = (s.hits, s.misses);
+        let c = &self.cfg;
+        s.extras = c.check || c.scrub || c.release_threshold.is_some();
         match &mut s.plan {
             Some(p) => p.begin_step(),
             None => {
@@ -155,7 +165,7 @@ impl Pool {
         if self.steps.plan.is_some() {
             let s = &mut self.steps;
             s.served_steps += 1;
-            let now = (s.step_hits, s.step_misses);
+            let now = (s.hits - s.step_start.0, s.misses - s.step_start.1);
             if let Some((h0, m0)) = s.last.replace(now) {
                 let (h, n) = (h0 + now.0, h0 + m0 + now.0 + now.1);
                 if n > 0 && h * DROP_DIV < n {
@@ -199,8 +209,40 @@ impl Pool {
         self.steps.open
     }
 
-    /// `alloc` inside an open step.
+    /// `alloc` inside an open step. The served path first: the entry at the cursor is the
+    /// request's (same size and stream), planned, and nothing late may overlap it.
+    #[inline(never)]
     pub(super) fn step_alloc(
+        &mut self,
+        req: Request,
+        ask: Ask,
+    ) -> std::result::Result<(AllocId, u64), Refusal> {
+        let s = &mut self.steps;
+        if let Some(p) = &mut s.plan {
+            let k = s.cursor;
+            if let Some(e) = p.entries.get(k) {
+                let a = e.slot;
+                if e.size == req.size
+                    && e.stream == req.stream
+                    && a != NIL
+                    && !req.movable
+                    && p.quick_safe(k)
+                {
+                    s.cursor = k + 1;
+                    if s.extras || req.scope != 0 || self.by_ptr.is_some() {
+                        return Ok(self.step_serve_full(k, a, req));
+                    }
+                    return Ok(self.step_serve(k, a, req));
+                }
+            }
+        }
+        self.step_alloc_slow(req, ask)
+    }
+
+    /// `step_alloc` when the request is not the next entry of the plan, or something held
+    /// may overlap it: the lookahead, the check against late entries, the normal path.
+    #[inline(never)]
+    fn step_alloc_slow(
         &mut self,
         req: Request,
         ask: Ask,
@@ -212,16 +254,16 @@ impl Pool {
             }
             return Ok(r);
         }
-        let saved = (self.steps.cursor, self.steps.step_misses, self.steps.misses);
+        let saved = (self.steps.cursor, self.steps.misses);
         let planned = self.step_match(req);
         if let Some(k) = planned {
-            if self.step_safe(k) && !req.movable {
-                return Ok(self.step_serve(k, req));
+            if !req.movable && self.step_safe(k, req.stream) {
+                let a = self.steps.plan.as_ref().expect("serving").entries[k].slot;
+                return Ok(self.step_serve_full(k, a, req));
             }
         }
         if planned.is_some() || self.steps.cursor == saved.0 {
             // a planned entry that is not safe, or a request the plan does not have
-            self.steps.step_misses += 1;
             self.steps.misses += 1;
         }
         let mut r = self.alloc_req(req, ask);
@@ -237,7 +279,7 @@ impl Pool {
         }
         if r.is_err() {
             // (refused or not quick: it did not happen, and the caller may ask again)
-            (self.steps.cursor, self.steps.step_misses, self.steps.misses) = saved;
+            (self.steps.cursor, self.steps.misses) = saved;
         }
         r
     }
@@ -296,61 +338,120 @@ impl Pool {
         None
     }
 
-    /// Whether planned entry `k` may be served now: neither it nor an entry overlapping it in
-    /// address holds memory.
-    #[inline]
-    fn step_safe(&mut self, k: usize) -> bool {
-        let p = self.steps.plan.as_mut().expect("serving");
-        p.free_to_serve(k)
+    /// Whether planned entry `k` may be served now to a request on `stream`: no late entry
+    /// overlaps it, but entries freed on `stream` that it covers whole, which it takes over
+    /// (as the normal pool lets a block freed on a stream serve that stream's next request
+    /// at once: its work runs in order). An entry served in this step and not yet due has
+    /// a lifetime that overlaps `k`'s in the plan, so the plan put it elsewhere. O(late),
+    /// late entries leaving the list as they go back.
+    fn step_safe(&mut self, k: usize, stream: u64) -> bool {
+        let mut taken: SmallVec<[u32; 4]> = SmallVec::new();
+        {
+            let p = self.steps.plan.as_mut().expect("serving");
+            p.advance_due(k);
+            let held = &p.held;
+            p.late.retain(|&c| held[c as usize]);
+            let r = p.entries[k].range();
+            for &c in &p.late {
+                let e = &p.entries[c as usize];
+                let cr = e.range();
+                if !overlaps(cr, r) {
+                    continue;
+                }
+                let x = &self.allocs[e.slot as usize];
+                if x.state == State::Freeing && x.stream == stream && r.0 <= cr.0 && cr.1 <= r.1 {
+                    taken.push(c);
+                } else {
+                    return false;
+                }
+            }
+        }
+        for c in taken {
+            self.step_take_over(c as usize);
+        }
+        true
     }
 
-    /// Serves planned entry `k` to `req` (safe): a member slot of the arena's group.
-    fn step_serve(&mut self, k: usize, req: Request) -> (AllocId, u64) {
-        self.note_stream(req.stream);
-        self.counters.calls += 1;
-        let (g, ptr) = {
-            let p = self.steps.plan.as_mut().expect("serving");
-            p.hold(k);
-            (p.group, p.base + p.entries[k].off)
-        };
-        let a = self.new_slot();
+    /// Held entry `c`, freed on a stream, is taken over by a request of that stream: its
+    /// slot goes back at once (its pending free is then stale, as a reused one's).
+    fn step_take_over(&mut self, c: usize) {
+        let a = self.steps.plan.as_ref().expect("serving").entries[c].slot;
+        self.unindex(self.allocs[a as usize].ptr);
+        let x = &mut self.allocs[a as usize];
+        debug_assert!(x.state == State::Freeing);
+        x.generation = x.generation.wrapping_add(1);
+        x.state = State::Vacant;
+        self.counters.freeing_bytes -= x.units() * GRANULE;
+        self.counters.reused += 1;
+        self.steps.plan.as_mut().expect("serving").release(c);
+    }
+
+    /// Serves planned entry `k` (safe) to `req` in its prepared slot `a`: with no pointer
+    /// index, scope or self-check to tell (see `step_serve_full`), nothing but stores.
+    #[inline(always)]
+    fn step_serve(&mut self, k: usize, a: u32, req: Request) -> (AllocId, u64) {
+        let s = &mut self.steps;
+        s.plan.as_mut().expect("serving").hold(k);
+        s.entry_of[a as usize] = k as u32;
+        s.hits += 1;
         let x = &mut self.allocs[a as usize];
         x.make_live(req.size, req.stream, false, req.scope);
-        x.ptr = ptr;
-        x.layout = Layout::Member(g);
-        if let Some(m) = &mut self.by_ptr {
-            m.insert(ptr, a);
-        }
-        self.allocs[g as usize].members += 1;
+        let (ptr, generation) = (x.ptr, x.generation);
+        // (no `note_stream`: the recorded request of this entry was on `req.stream`)
         let c = &mut self.counters;
+        c.calls += 1;
         c.allocs += 1;
         c.live_bytes += req.size;
         c.peak_live = c.peak_live.max(c.live_bytes);
+        (
+            AllocId {
+                index: a,
+                generation,
+            },
+            ptr,
+        )
+    }
+
+    /// `step_serve`, then the pointer index, the scope and the self-check told.
+    #[inline(never)]
+    fn step_serve_full(&mut self, k: usize, a: u32, req: Request) -> (AllocId, u64) {
+        let (id, ptr) = self.step_serve(k, a, req);
+        if let Some(m) = &mut self.by_ptr {
+            m.insert(ptr, a);
+        }
         if req.scope != 0 {
             self.join_scope(a, req.scope);
         }
-        let s = &mut self.steps;
-        if s.entry_of.len() <= a as usize {
-            s.entry_of.resize(a as usize + 1, NIL);
-        }
-        s.entry_of[a as usize] = k as u32;
-        s.hits += 1;
-        s.step_hits += 1;
         self.check();
-        (self.id(a), ptr)
+        (id, ptr)
     }
 
     /// Slot `a` (live or freeing, its generation not yet bumped) gives its memory back: the
-    /// end of a recorded request, or a plan entry no longer held.
+    /// end of a recorded request, or a plan entry no longer held. True when it was a
+    /// prepared slot of the plan, which is then done with (vacant, its pointer and layout
+    /// kept for the next entry at its offset; its memory stays the arena's).
     #[inline(always)]
-    pub(super) fn step_released(&mut self, a: u32) {
-        let x = &self.allocs[a as usize];
+    pub(super) fn step_released(&mut self, a: u32) -> bool {
         let s = &mut self.steps;
+        let x = &mut self.allocs[a as usize];
         if let Some(p) = &mut s.plan {
-            if x.layout == Layout::Member(p.group) {
-                p.release(s.entry_of[a as usize] as usize);
+            if x.layout != Layout::Member(p.group) {
+                return false;
             }
-        } else if s.open {
+            p.release(s.entry_of[a as usize] as usize);
+            let units = x.units();
+            if x.state == State::Freeing {
+                self.counters.freeing_bytes -= units * GRANULE;
+            }
+            x.generation = x.generation.wrapping_add(1);
+            x.state = State::Vacant;
+            if self.cfg.scrub {
+                let r = self.dev.backend.zero(x.ptr, units * GRANULE);
+                debug_assert!(r.is_ok(), "scrub failed: {r:?}");
+            }
+            return true;
+        }
+        if s.open {
             if let Some(&(g, i)) = s.rec_slot.get(&a) {
                 if g == x.generation {
                     s.rec_slot.remove(&a);
@@ -359,30 +460,104 @@ impl Pool {
                 }
             }
         }
+        false
+    }
+
+    /// `free(id)` while a step watches: a served entry goes back to the plan here; anything
+    /// else is freed by the normal path, a recorded request's end noted first.
+    #[inline(never)]
+    pub(super) fn step_free(&mut self, id: AllocId) -> Result<()> {
+        let a = id.index;
+        let s = &mut self.steps;
+        if let (true, Some(p)) = ((a as usize) < self.allocs.len(), &mut s.plan) {
+            let x = &mut self.allocs[a as usize];
+            if x.generation == id.generation
+                && x.state == State::Live
+                && x.pins == 0
+                && x.layout == Layout::Member(p.group)
+                && !s.extras
+                && self.by_ptr.is_none()
+            {
+                // served, with nothing else to tell: the slot goes back to the plan
+                p.release(s.entry_of[a as usize] as usize);
+                x.generation = x.generation.wrapping_add(1);
+                x.state = State::Vacant;
+                self.counters.live_bytes -= x.size;
+                self.counters.frees += 1;
+                return Ok(());
+            }
+        }
+        self.step_free_full(id)
+    }
+
+    /// `step_free` of anything but a served entry with nothing else to tell.
+    #[inline(never)]
+    fn step_free_full(&mut self, id: AllocId) -> Result<()> {
+        let a = id.index;
+        if let Some(x) = self.allocs.get(a as usize) {
+            if x.generation == id.generation && x.state == State::Live && x.pins == 0 {
+                let (ptr, size) = (x.ptr, x.size);
+                if self.step_released(a) {
+                    self.counters.live_bytes -= size;
+                    self.counters.frees += 1;
+                    self.step_freed_full(ptr);
+                    return Ok(());
+                }
+                // (not served: the end of a recorded request is noted)
+            }
+        }
+        // the normal path, which says why a handle is refused
+        self.free_unwatched(id)
+    }
+
+    /// A served allocation at `ptr` was freed: the pointer index and the pages told, and
+    /// the self-check.
+    #[inline(never)]
+    fn step_freed_full(&mut self, ptr: u64) {
+        self.unindex(ptr);
+        self.after_free();
+        self.check();
     }
 
     /// Slot `a` is freed on a stream: a recorded request ends here (its memory is reused in
-    /// stream order; a served entry stays held until the fence completes).
+    /// stream order). False for a served entry: it stays held until its fence completes or a
+    /// request of that stream takes it over (`step_safe`), and is not reused by the normal
+    /// path meanwhile.
     #[cold]
-    pub(super) fn step_freeing(&mut self, a: u32) {
-        if self.steps.plan.is_none() {
-            self.step_released(a);
+    pub(super) fn step_freeing(&mut self, a: u32) -> bool {
+        match &self.steps.plan {
+            None => {
+                self.step_released(a);
+                true
+            }
+            Some(p) => self.allocs[a as usize].layout != Layout::Member(p.group),
         }
     }
 
-    /// Drops the plan: its arena goes back once no served allocation holds part of it.
+    /// Drops the plan: the prepared slots that hold nothing go back, and so does the arena,
+    /// but the parts of it that served allocations still hold (`step_dissolve`); those are
+    /// plain allocations from now on.
     pub(super) fn step_drop_plan(&mut self) {
         let Some(p) = self.steps.plan.take() else {
             return;
         };
         self.steps.last = None;
         if p.group != NIL {
+            for &a in &p.slots {
+                let x = &mut self.allocs[a as usize];
+                if x.state == State::Vacant {
+                    x.layout = Layout::None;
+                    self.vacant_allocs.push(a);
+                }
+            }
             let x = &mut self.allocs[p.group as usize];
-            x.members -= 1;
+            x.members -= 1 + p.slots.len() as u32 - p.n_held;
             if x.members == 0 {
                 self.release_group_memory(p.group);
-                self.after_free();
+            } else {
+                self.step_dissolve(p.group, &p.slots);
             }
+            self.after_free();
         }
     }
 
@@ -394,8 +569,12 @@ impl Pool {
         (self.steps.hits, self.steps.misses, self.steps.rebuilds) = rebuilt;
     }
 
-    /// The plan's own hold on slot `a`'s members (1 for the arena of the plan, else 0).
+    /// The members slot `a` counts that are not live or freeing allocations: for the arena
+    /// of the plan, the plan's hold and its prepared slots that hold nothing now; else 0.
     pub(super) fn step_hold(&self, a: u32) -> u32 {
-        self.steps.plan.as_ref().is_some_and(|p| p.group == a) as u32
+        match &self.steps.plan {
+            Some(p) if p.group == a => 1 + p.slots.len() as u32 - p.n_held,
+            _ => 0,
+        }
     }
 }

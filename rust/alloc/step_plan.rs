@@ -20,7 +20,12 @@ pub(super) struct StepEntry {
     /// The first entry the plan makes after this one is freed (its *due* position): from
     /// there on the plan may put later entries over its memory.
     pub(super) due: u32,
+    /// The slot prepared for its offset (NIL: not planned): every entry the plan puts at one
+    /// offset is served in the same slot (two held entries never share an offset).
+    pub(super) slot: u32,
 }
+
+const _: () = assert!(std::mem::size_of::<StepEntry>() == 32);
 
 impl StepEntry {
     #[inline(always)]
@@ -30,7 +35,7 @@ impl StepEntry {
 
     /// Its address range in the arena, rounded to granules.
     #[inline]
-    fn range(&self) -> (u64, u64) {
+    pub(super) fn range(&self) -> (u64, u64) {
         (self.off, self.off + self.size.div_ceil(GRANULE) * GRANULE)
     }
 }
@@ -48,17 +53,21 @@ pub(super) struct StepPlan {
     /// The planned entries due at each position: `due_list[due_at[p]..due_at[p + 1]]`.
     due_at: Table<u32>,
     due_list: Table<u32>,
-    /// Positions up to `due_pos` have been looked at in this step.
-    due_pos: usize,
+    /// Positions before `due_pos` have been looked at in this step.
+    pub(super) due_pos: usize,
     /// Entries whose memory is held now (served, not yet given back).
     pub(super) held: Table<bool>,
     pub(super) n_held: u32,
     /// Held entries that may overlap what is served next: those held when the step began,
-    /// and those still held at their due position (a departure: freed later than planned).
-    late: Vec<u32>,
+    /// and those still held at their due position (a departure: freed later than planned, or
+    /// freed on a stream and waiting for its fence).
+    pub(super) late: Vec<u32>,
+    /// The slots prepared for the plan's offsets (`StepEntry::slot`), each a member of the
+    /// arena's group whether it holds an entry now or not.
+    pub(super) slots: Vec<u32>,
 }
 
-fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+pub(super) fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
@@ -73,14 +82,11 @@ impl StepPlan {
         }
     }
 
-    /// Whether planned entry `k` (at or after every entry served so far in the step) may be
-    /// served: no held entry overlaps it. An entry served in this step and not yet due has a
-    /// lifetime that overlaps `k`'s in the plan, so the plan put it elsewhere; the others
-    /// are in `late`, checked one by one. So the check is O(1) while the step follows the
-    /// plan, and O(late) after departures (amortised: each entry joins `late` at most once
-    /// a step).
-    #[inline]
-    pub(super) fn free_to_serve(&mut self, k: usize) -> bool {
+    /// Looks at the due positions up to `k`: an entry still held at its due position is
+    /// late (the plan may put what comes next over it). Each position is looked at once a
+    /// step, so this is O(1) amortised.
+    #[inline(always)]
+    pub(super) fn advance_due(&mut self, k: usize) {
         while self.due_pos <= k {
             let p = self.due_pos;
             for i in self.due_at[p]..self.due_at[p + 1] {
@@ -91,19 +97,25 @@ impl StepPlan {
             }
             self.due_pos += 1;
         }
-        if self.held[k] {
+    }
+
+    /// Whether planned entry `k`, at the due position the step has reached, may be served
+    /// without a look at the late entries: none is late, and none of those due at `k` is
+    /// still held (they would become late). Then `k` is not held either (an entry held when
+    /// the step began is late). Its position is then looked at.
+    #[inline(always)]
+    pub(super) fn quick_safe(&mut self, k: usize) -> bool {
+        if self.due_pos != k || !self.late.is_empty() {
             return false;
         }
-        if self.late.is_empty() {
-            return true;
+        for i in self.due_at[k]..self.due_at[k + 1] {
+            if self.held[self.due_list[i as usize] as usize] {
+                return false;
+            }
         }
-        let r = self.entries[k].range();
-        let held = &self.held;
-        self.late.retain(|&c| held[c as usize]);
-        !self
-            .late
-            .iter()
-            .any(|&c| overlaps(self.entries[c as usize].range(), r))
+        debug_assert!(!self.held[k]);
+        self.due_pos = k + 1;
+        true
     }
 
     #[inline]
@@ -142,6 +154,7 @@ impl StepPlan {
                 stream: r.stream,
                 off: UNPLANNED,
                 due: u32::MAX,
+                slot: NIL,
             })
             .collect();
         // (entries start in clock order)
@@ -177,6 +190,7 @@ impl StepPlan {
             held: vec![false; n].into(),
             n_held: 0,
             late: Vec::new(),
+            slots: Vec::new(),
         }
     }
 
@@ -210,8 +224,8 @@ impl StepPlan {
 
 impl Pool {
     /// Plans the recorded step `rec` and takes its arena through the pool's normal path (a
-    /// group, as `alloc_arena` makes, held by the plan). An arena the pool cannot give leaves
-    /// no plan: the next step is recorded again.
+    /// group, as `alloc_arena` makes, held by the plan). An arena the pool cannot give in one
+    /// block (none, or only stitched) leaves no plan: the next step is recorded again.
     pub(super) fn step_make_plan(&mut self, rec: &[Rec]) {
         let mut p = StepPlan::of(rec);
         if self.cfg.check {
@@ -235,6 +249,17 @@ impl Pool {
                 self.steps.need = 1;
                 return;
             };
+            if matches!(self.allocs[id.index as usize].layout, Layout::Stitched(_)) {
+                // only an arena in one block can give back, when the plan is dropped, what
+                // its live allocations do not hold (`step_dissolve`)
+                let freed = self.free_unwatched(id);
+                debug_assert!(freed.is_ok());
+                let c = &mut self.counters;
+                (c.allocs, c.frees) = (c.allocs - 1, c.frees - 1);
+                (c.peak_live, c.peak_used) = (peak_live, peak_used);
+                self.steps.need = 1;
+                return;
+            }
             // the arena is memory the plan uses, not an allocation: counted as used only
             let c = &mut self.counters;
             c.allocs -= 1;
@@ -244,13 +269,89 @@ impl Pool {
             if let Some(m) = &mut self.by_ptr {
                 m.remove(base);
             }
-            let x = &mut self.allocs[id.index as usize];
-            x.state = State::Group;
-            x.members = 1; // the plan's hold
             p.group = id.index;
             p.base = base;
+            self.step_prepare_slots(&mut p);
+            let x = &mut self.allocs[id.index as usize];
+            x.state = State::Group;
+            // the plan's hold, and one member a prepared slot (held or not)
+            x.members = 1 + p.slots.len() as u32;
         }
+        self.steps.entry_of = vec![NIL; self.allocs.len()].into();
         self.steps.plan = Some(p);
+    }
+
+    /// One vacant slot for each offset of the plan, its pointer and layout set (a member of
+    /// the arena's group): serving an entry only makes its slot live.
+    fn step_prepare_slots(&mut self, p: &mut StepPlan) {
+        let mut offs: Vec<(u64, usize)> = (0..p.entries.len())
+            .filter(|&i| p.entries[i].planned())
+            .map(|i| (p.entries[i].off, i))
+            .collect();
+        offs.sort_unstable();
+        let mut last = (u64::MAX, NIL);
+        for (off, i) in offs {
+            if off != last.0 {
+                let a = self.new_slot();
+                let x = &mut self.allocs[a as usize];
+                x.ptr = p.base + off;
+                x.layout = Layout::Member(p.group);
+                p.slots.push(a);
+                last = (off, a);
+            }
+            p.entries[i].slot = last.1;
+        }
+    }
+
+    /// The arena of a dropped plan, group `g` with its prepared `slots`, that served
+    /// allocations still hold: when it is one block, it is cut into a block for each of them
+    /// and free blocks between them, so that the memory they do not hold goes back at once
+    /// (a plan dropped for a request the pool cannot serve must leave the pool as the pool
+    /// without steps would be). (An arena is one block: `step_make_plan`.)
+    pub(super) fn step_dissolve(&mut self, g: u32, slots: &[u32]) {
+        let Layout::Block(b) = self.allocs[g as usize].layout else {
+            return;
+        };
+        let base = self.allocs[g as usize].ptr;
+        let end = base + self.blocks[b as usize].len as u64 * GRANULE;
+        let mut held: Vec<(u64, u32)> = slots
+            .iter()
+            .map(|&a| (self.allocs[a as usize].ptr, a))
+            .filter(|&(_, a)| matches!(self.allocs[a as usize].state, State::Live | State::Freeing))
+            .collect();
+        held.sort_unstable();
+        // the block's pieces in address order: the held allocations, and a vacant slot for
+        // each gap (its size the gap's), given back once cut
+        let (mut pieces, mut gaps) = (Vec::with_capacity(2 * held.len() + 1), Vec::new());
+        let mut at = base;
+        for (ptr, a) in held.into_iter().chain(std::iter::once((end, NIL))) {
+            if ptr > at {
+                let d = self.new_slot();
+                let x = &mut self.allocs[d as usize];
+                (x.ptr, x.size) = (at, ptr - at);
+                pieces.push((at, d));
+                gaps.push(d);
+            }
+            if a != NIL {
+                pieces.push((ptr, a));
+                at = ptr + self.allocs[a as usize].units() * GRANULE;
+            }
+        }
+        self.allocs[pieces[0].1 as usize].layout = Layout::Block(b);
+        self.cut_uncut(b, &pieces);
+        let x = &mut self.allocs[g as usize];
+        x.layout = Layout::None;
+        x.state = State::Vacant;
+        x.members = 0;
+        x.generation = x.generation.wrapping_add(1);
+        self.vacant_allocs.push(g);
+        for d in gaps {
+            let x = &mut self.allocs[d as usize];
+            let layout = std::mem::replace(&mut x.layout, Layout::None);
+            self.counters.used_bytes -= x.units() * GRANULE;
+            self.unplace(layout, Settle::Policy);
+            self.vacant_allocs.push(d);
+        }
     }
 
     /// The plan's invariants (see `step.rs`).
@@ -273,22 +374,56 @@ impl Pool {
             return Err("the plan's arena is smaller than its plan".into());
         }
         let mut seen = vec![false; p.entries.len()];
+        let mut prepared = vec![false; self.allocs.len()];
         let mut ranges = Vec::new();
-        for (a, x) in self.allocs.iter().enumerate() {
-            if x.layout != Layout::Member(p.group)
-                || !matches!(x.state, State::Live | State::Freeing)
+        for &a in &p.slots {
+            prepared[a as usize] = true;
+        }
+        for &a in &self.vacant_allocs {
+            if prepared[a as usize] {
+                return Err(format!("prepared slot {a} is vacant for any request"));
+            }
+        }
+        for k in 0..p.entries.len() {
+            let e = &p.entries[k];
+            if e.planned() != (e.slot != NIL)
+                || e.planned() && !prepared.get(e.slot as usize).copied().unwrap_or(false)
+                || e.planned() && self.allocs[e.slot as usize].ptr != p.base + e.off
             {
+                return Err(format!("plan entry {k} has no prepared slot at its offset"));
+            }
+        }
+        for (a, x) in self.allocs.iter().enumerate() {
+            let member = x.layout == Layout::Member(p.group);
+            if prepared[a] != member || prepared[a] && x.state == State::Cached {
+                return Err(format!(
+                    "slot {a} is a member of the plan's arena, not prepared"
+                ));
+            }
+            if !member || x.state == State::Vacant {
                 continue;
             }
             let k = self.steps.entry_of.get(a).copied().unwrap_or(NIL) as usize;
             let Some(e) = p.entries.get(k) else {
                 return Err(format!("served allocation {a} names no plan entry"));
             };
-            if !e.planned() || x.ptr != p.base + e.off || x.size != e.size {
+            if e.slot != a as u32 || x.size != e.size {
                 return Err(format!("served allocation {a} is not where entry {k} is"));
             }
             if std::mem::replace(&mut seen[k], true) || !p.held[k] {
                 return Err(format!("plan entry {k} held by {a}, not once"));
+            }
+            if x.state == State::Freeing
+                && self.streams.get(&x.stream).is_some_and(|st| {
+                    st.reuse
+                        .values()
+                        .flatten()
+                        .any(|&(b, g)| b == a as u32 && g == x.generation)
+                })
+            {
+                return Err(format!(
+                    "served allocation {a}, freed on a stream, is reusable"
+                ));
             }
             ranges.push(e.range());
         }

@@ -6,13 +6,13 @@ use proptest::prelude::*;
 use super::tests::{device, MIB};
 use super::*;
 
-fn pool(vidmem: u64) -> Pool {
+pub(super) fn pool(vidmem: u64) -> Pool {
     let mut cfg = PoolConfig::new(2 * MIB);
     cfg.check = true;
     Pool::new(device(vidmem), cfg).unwrap()
 }
 
-fn on(size: u64, stream: u64) -> Request {
+pub(super) fn on(size: u64, stream: u64) -> Request {
     Request {
         size,
         stream,
@@ -22,7 +22,7 @@ fn on(size: u64, stream: u64) -> Request {
 
 /// One event of a step: allocate request `i` (its size and stream), or free request `i`.
 #[derive(Clone, Copy, Debug)]
-enum Ev {
+pub(super) enum Ev {
     A(usize, u64, u64),
     F(usize),
 }
@@ -170,17 +170,25 @@ fn a_served_block_live_after_its_step_blocks_only_what_overlaps_it() {
     p.validate().unwrap();
 }
 
-#[test]
-fn a_served_block_freed_on_another_stream_waits_for_its_fence() {
+/// A pool that recorded a step of two 2 MiB requests, each freed before the next (the plan
+/// puts them at one address), then `more`, and holds its plan.
+fn planned_twice(more: &[Ev]) -> Pool {
     let mut p = pool(256 * MIB);
     p.set_step_recording(1).unwrap();
-    let step = [
+    let mut step = vec![
         Ev::A(0, 2 * MIB, 0),
         Ev::F(0),
         Ev::A(1, 2 * MIB, 0),
         Ev::F(1),
     ];
+    step.extend_from_slice(more);
     run_step(&mut p, &step);
+    p
+}
+
+#[test]
+fn a_served_block_freed_on_another_stream_waits_for_its_fence() {
+    let mut p = planned_twice(&[]);
     let s = p.steps.plan.as_ref().unwrap();
     assert_eq!(
         s.entries[0].off, s.entries[1].off,
@@ -201,6 +209,41 @@ fn a_served_block_freed_on_another_stream_waits_for_its_fence() {
     assert_eq!(pa2, pa);
     p.free(a).unwrap();
     p.step_end().unwrap();
+    p.validate().unwrap();
+}
+
+#[test]
+fn a_served_block_freed_on_a_stream_serves_that_stream_at_once() {
+    // entries 0 and 1 share an address; 2 and 3 (on stream 4) share another
+    let mut p = planned_twice(&[
+        Ev::A(2, MIB, 4),
+        Ev::F(2),
+        Ev::A(3, 512 * 1024, 4),
+        Ev::F(3),
+    ]);
+    p.step_begin().unwrap();
+    let (a, pa) = p.alloc(on(2 * MIB, 0)).unwrap();
+    let fence = p.free_async(a, 0).unwrap();
+    // stream 0's next request runs after the work queued before the free: it takes the block
+    let (b, pb) = p.alloc(on(2 * MIB, 0)).unwrap();
+    assert_eq!(pb, pa);
+    assert_eq!((p.step_counts().hits, p.step_counts().misses), (2, 0));
+    assert_eq!(
+        p.stats().freeing_bytes,
+        0,
+        "the pending free was taken over"
+    );
+    p.free(b).unwrap();
+    // a request that covers only part of a block freed on its stream does not take it
+    let (c, pc) = p.alloc(on(MIB, 4)).unwrap();
+    let fence2 = p.free_async(c, 4).unwrap();
+    let (d, pd) = p.alloc(on(512 * 1024, 4)).unwrap();
+    assert!(pd < pc || pd >= pc + MIB, "outside the block still freeing");
+    assert_eq!(p.step_counts().misses, 1);
+    p.free(d).unwrap();
+    p.step_end().unwrap();
+    assert_eq!(p.complete(fence).unwrap(), 0, "a stale fence frees nothing");
+    assert_eq!(p.complete(fence2).unwrap(), 1);
     p.validate().unwrap();
 }
 
@@ -259,7 +302,7 @@ fn steps_open_and_close_in_pairs() {
 }
 
 #[derive(Clone, Debug)]
-enum Dep {
+pub(super) enum Dep {
     /// Request `i` asks `extra` more granules.
     Resize(usize, u64),
     /// Request `i` is not made (nor freed).
@@ -270,21 +313,24 @@ enum Dep {
     Async(usize),
     /// Request `i` is left live into the next step, freed at its end.
     Carry(usize),
+    /// Requests `i` and `i + 1` come in the other order (their sizes and streams swap).
+    Swap(usize),
 }
 
-fn dep() -> impl Strategy<Value = Dep> {
+pub(super) fn dep() -> impl Strategy<Value = Dep> {
     prop_oneof![
         (0..24usize, 1..64u64).prop_map(|(i, e)| Dep::Resize(i, e)),
         (0..24usize).prop_map(Dep::Drop),
         (0..24usize).prop_map(Dep::Late),
         (0..24usize).prop_map(Dep::Async),
         (0..24usize).prop_map(Dep::Carry),
+        (0..24usize).prop_map(Dep::Swap),
     ]
 }
 
 /// A random step of up to 24 requests: sizes from 256 B to 6 MiB, each freed after a
 /// random number of later events (some outlive the step).
-fn step_seq() -> impl Strategy<Value = Vec<(u64, u64, usize)>> {
+pub(super) fn step_seq() -> impl Strategy<Value = Vec<(u64, u64, usize)>> {
     proptest::collection::vec((8u32..23, 0..2u64, 0usize..30), 1..24).prop_map(|v| {
         v.into_iter()
             .map(|(lg, stream, life)| {
@@ -299,7 +345,7 @@ fn step_seq() -> impl Strategy<Value = Vec<(u64, u64, usize)>> {
 }
 
 /// The events of a step from `seq` with departures `deps`.
-fn events(seq: &[(u64, u64, usize)], deps: &[Dep]) -> (Vec<Ev>, Vec<usize>, Vec<usize>) {
+pub(super) fn events(seq: &[(u64, u64, usize)], deps: &[Dep]) -> (Vec<Ev>, Vec<usize>, Vec<usize>) {
     let mut sizes: Vec<Option<(u64, u64)>> = seq.iter().map(|&(s, st, _)| Some((s, st))).collect();
     let (mut late, mut asyncs, mut carry) = (vec![], vec![], vec![]);
     for d in deps {
@@ -311,6 +357,7 @@ fn events(seq: &[(u64, u64, usize)], deps: &[Dep]) -> (Vec<Ev>, Vec<usize>, Vec<
             Dep::Late(i) if i < seq.len() => late.push(i),
             Dep::Async(i) if i < seq.len() => asyncs.push(i),
             Dep::Carry(i) if i < seq.len() => carry.push(i),
+            Dep::Swap(i) if i + 1 < seq.len() => sizes.swap(i, i + 1),
             _ => {}
         }
     }
@@ -331,6 +378,30 @@ fn events(seq: &[(u64, u64, usize)], deps: &[Dep]) -> (Vec<Ev>, Vec<usize>, Vec<
         asyncs.into_iter().filter(present).collect(),
         carry.into_iter().filter(present).collect(),
     )
+}
+
+/// The end of a step of `events`: the allocations carried from the step before are freed,
+/// the step closed (`stepped`), and those left `live` freed but the ones to `carry` on.
+pub(super) fn end_step(
+    p: &mut Pool,
+    stepped: bool,
+    live: BTreeMap<usize, AllocId>,
+    carry: &[usize],
+    carried: &mut Vec<AllocId>,
+) {
+    for id in carried.drain(..) {
+        p.free(id).unwrap();
+    }
+    if stepped {
+        p.step_end().unwrap();
+    }
+    for (i, id) in live {
+        if carry.contains(&i) {
+            carried.push(id);
+        } else {
+            p.free(id).unwrap();
+        }
+    }
 }
 
 proptest! {
@@ -377,17 +448,7 @@ proptest! {
                 }
                 disjoint(&p);
             }
-            for id in carried.drain(..) {
-                p.free(id).unwrap();
-            }
-            p.step_end().unwrap();
-            for (i, id) in live {
-                if carry.contains(&i) {
-                    carried.push(id);
-                } else {
-                    p.free(id).unwrap();
-                }
-            }
+            end_step(&mut p, true, live, &carry, &mut carried);
             for f in fences {
                 p.complete(f).unwrap();
             }
@@ -417,4 +478,57 @@ fn a_plan_never_makes_a_request_fail_that_the_normal_path_serves() {
     run_step(&mut p, &[Ev::A(0, 8 * MIB, 0), Ev::F(0)]);
     assert_eq!(p.step_counts().hits, 1);
     p.validate().unwrap();
+}
+
+/// A served-step loop for profilers, as benches/step.rs: steps of 512 log-uniform requests
+/// (256 B – 8 MiB), request `i` freed once request `i + 8` is made, served from the plan.
+/// `PAIRS=n` (rounded to whole steps); `NORMAL=1` runs the same requests without steps. The
+/// cost of a pair is the difference of two runs over the difference of their pairs:
+/// `PAIRS=5120 valgrind --tool=callgrind <lib test binary> --ignored --exact
+/// alloc::step_tests::served_for_profiler` and again with `PAIRS=20480`.
+#[test]
+#[ignore = "a profiling loop for callgrind and perf, not a check"]
+fn served_for_profiler() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let sizes: Vec<u64> = (0..512)
+        .map(|_| 2f64.powf(rng.gen_range(8.0..23.0)) as u64)
+        .collect();
+    let normal = std::env::var("NORMAL").is_ok_and(|v| v == "1");
+    let steps = std::env::var("PAIRS").map_or(100_000, |v| v.parse::<usize>().unwrap()) / 512;
+    let mut p = Pool::new(device(80 << 30), PoolConfig::new(2 * MIB)).unwrap();
+    p.set_step_recording(1).unwrap();
+    let mut live = std::collections::VecDeque::with_capacity(9);
+    let mut run = |p: &mut Pool| {
+        if !normal {
+            p.step_begin().unwrap();
+        }
+        for &s in &sizes {
+            live.push_back(p.alloc(on(s, 0)).unwrap().0);
+            if live.len() > 8 {
+                p.free(live.pop_front().unwrap()).unwrap();
+            }
+        }
+        while let Some(id) = live.pop_front() {
+            p.free(id).unwrap();
+        }
+        if !normal {
+            p.step_end().unwrap();
+        }
+    };
+    for _ in 0..3 {
+        run(&mut p);
+    }
+    let hits = p.step_counts().hits;
+    let t = std::time::Instant::now();
+    for _ in 0..steps {
+        run(&mut p);
+    }
+    let ns = t.elapsed().as_nanos() as f64 / (steps * 512).max(1) as f64;
+    let c = p.step_counts();
+    eprintln!(
+        "{ns:.1} ns per pair; {} of {} requests served from the plan",
+        c.hits - hits,
+        steps * 512
+    );
 }

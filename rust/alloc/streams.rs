@@ -19,9 +19,8 @@ impl Pool {
         self.open()?;
         let a = self.resolve(id)?;
         self.check_unpinned(a)?;
-        if self.steps.watch {
-            self.step_freeing(a);
-        }
+        // (a served plan entry is reused by the plan, in stream order: `step_freeing`)
+        let reusable = !self.steps.watch || self.step_freeing(a);
         let fence = self.next_fence;
         self.next_fence += 1;
         let x = &mut self.allocs[a as usize];
@@ -31,7 +30,9 @@ impl Pool {
         let (g, units, size) = (x.generation, x.units(), x.size);
         let st = self.streams.entry(stream).or_default();
         st.pending.push_back((fence, a, g));
-        st.reuse.entry(units).or_default().push((a, g));
+        if reusable {
+            st.reuse.entry(units).or_default().push((a, g));
+        }
         self.fence_stream.insert(fence, stream);
         if let Some(ev) = self.dev.backend.fence(stream) {
             self.events.insert(fence, ev);
