@@ -30,6 +30,7 @@ mod bound;
 mod place;
 mod search;
 mod split;
+mod stack;
 mod sweep;
 mod trace;
 

@@ -15,6 +15,7 @@ use std::cmp::Reverse;
 use super::bound::{live_peak, overlapping_pairs, It, Norm};
 use super::place::{fits_u64, Fit, Placement, Placer};
 use super::split::{split, Group};
+use super::stack;
 use super::sweep::sweep;
 use super::{Item, Options};
 
@@ -149,6 +150,7 @@ fn solve(items: &[It], cost: u64, budget: &mut u64, rounds: u32) -> Placement {
         }
         cur = p;
     }
+    stack::improve(items, bound, &mut best, budget);
     best
 }
 
