@@ -245,32 +245,6 @@ fn items_live_throughout_go_at_the_bottom() {
     assert_eq!(p.peak, p.bound);
 }
 
-/// `GPUMM_PLAN_ITEMS=file` (lines "size start end"): the plan of those items, timed.
-#[test]
-#[ignore]
-fn plan_items_from_file() {
-    let Ok(path) = std::env::var("GPUMM_PLAN_ITEMS") else {
-        return;
-    };
-    let text = std::fs::read_to_string(path).unwrap();
-    let items: Vec<Item> = text
-        .lines()
-        .map(|l| {
-            let v: Vec<u64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
-            it(v[0], v[1], v[2])
-        })
-        .collect();
-    let t = std::time::Instant::now();
-    let p = plan(&items, 512);
-    eprintln!(
-        "peak {} bound {} ratio {:.4} in {:?}",
-        p.peak,
-        p.bound,
-        p.peak as f64 / p.bound as f64,
-        t.elapsed()
-    );
-}
-
 /// A training loop modelled on octnca_train3d (`docs/plan.md`): a block live throughout, and
 /// each step a pair of long-lived blocks that overlaps the previous step's pair, then big
 /// short-lived blocks, three at once at the step's peak, and a few small ones. Every greedy
