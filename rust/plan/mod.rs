@@ -18,11 +18,15 @@
 //!    whatever the overlaps (`sweep.rs`);
 //! 3. while a budget of work lasts and rounds lower the peak, the items that set the group's
 //!    peak move to the front of the best order and the group is placed again (a bounded
-//!    search on the items at the peak).
+//!    search on the items at the peak);
+//! 4. while the plan is above the bound, a search over positions under a target height: each
+//!    big item at the lowest or the highest offset where it fits below the target, going back
+//!    to the item in the way when one fits nowhere (`stack.rs`), the target bisected between
+//!    the bound and the best peak; kept only for a lower peak.
 //!
 //! Files: `bound` (normalised items and the bound), `split` (the groups), `place` (the greedy
 //! placement of one order and its interval index), `sweep` (the time-order plan), `search`
-//! (orders, budget, the search at the peak), `trace` (a trace's events as items).
+//! (orders, budget, the search at the peak), `stack` (the search under a target), `trace` (a trace's events as items).
 
 #![deny(unsafe_code)]
 
@@ -30,6 +34,7 @@ mod bound;
 mod place;
 mod search;
 mod split;
+mod stack;
 mod sweep;
 mod trace;
 

@@ -15,6 +15,7 @@ use std::cmp::Reverse;
 use super::bound::{live_peak, overlapping_pairs, It, Norm};
 use super::place::{fits_u64, Fit, Placement, Placer};
 use super::split::{split, Group};
+use super::stack;
 use super::sweep::sweep;
 use super::{Item, Options};
 
@@ -25,6 +26,11 @@ const MAX_GREEDY: usize = 50_000_000;
 /// corpus no round lowers the best order's peak at all (`benches/plan.py`), and on the decode
 /// traces each round costs what a whole greedy placement of 80,000 items does.
 const PATIENCE: u32 = 2;
+
+/// The search under a target (`stack.rs`) may do this fraction of the budget's work, over
+/// and above it, shared by the groups (on the decode traces, hundreds of groups above their
+/// bound where it finds nothing lower, it costs at most a quarter of a second).
+const SEARCH_SHARE: u64 = 16;
 
 /// A plan in 128 bits (`peak` may exceed `u64::MAX` for hostile sizes).
 pub struct Raw {
@@ -47,12 +53,14 @@ pub fn plan_items(items: &[Item], align: u64, opts: &Options) -> Raw {
     // the cheapest groups first, so that one huge group cannot starve the others of budget
     groups.sort_by_key(|(pairs, g)| (*pairs, g.idx.first().copied()));
     let mut budget = opts.budget;
+    let mut search = opts.budget / SEARCH_SHARE;
     for (pairs, g) in &groups {
         let local = localise(its, &g.idx);
         let p = solve(
             &local,
             pairs.saturating_add(local.len() as u64),
             &mut budget,
+            &mut search,
             opts.rounds,
         );
         for (k, &i) in g.idx.iter().enumerate() {
@@ -93,8 +101,8 @@ fn localise(its: &[It], idx: &[u32]) -> Vec<It> {
 }
 
 /// The best placement of one group found within the budget; `cost` is what one greedy
-/// placement of it costs at most.
-fn solve(items: &[It], cost: u64, budget: &mut u64, rounds: u32) -> Placement {
+/// placement of it costs at most, `search` what is left for the search under a target.
+fn solve(items: &[It], cost: u64, budget: &mut u64, search: &mut u64, rounds: u32) -> Placement {
     let all: Vec<u32> = (0..items.len() as u32).collect();
     let bound = live_peak(items, &all);
     let mut best = sweep(items);
@@ -149,6 +157,7 @@ fn solve(items: &[It], cost: u64, budget: &mut u64, rounds: u32) -> Placement {
         }
         cur = p;
     }
+    stack::improve(items, bound, &mut best, search);
     best
 }
 
