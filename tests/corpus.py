@@ -79,5 +79,4 @@ RESERVE_OPEN: Dict[str, str] = {
     "recorded/unet_train.csv.gz": "1.030 x peak live",
     "recorded/gpt2_decode.csv.gz": "1.35 x the 29.6 MiB peak live",
     "recorded/vit_train.csv.gz": "1.038 x peak live",
-    "recorded/llama_decode.csv.gz": "1.25 x the 11.2 MiB peak live; smallest capacity 16 MiB",
 }

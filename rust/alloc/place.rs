@@ -39,14 +39,16 @@ impl Pool {
             return None;
         }
         // A small pool about to take a page: any free block that holds the request first,
-        // the best of its own heap bin (which `HEAP_SCAN` skips), else one of a large segment.
+        // the best of its own heap bin (which `HEAP_SCAN` skips), else one of a large segment
+        // (the good fit even under pressure: the best fit there held llama_decode's smallest
+        // capacity at 16 MiB, the good fit 14; docs/replay.md).
         if self.small_pool() && self.free_pages.free_units() == 0 {
             let links = BlockLinksRef(&self.blocks);
             let own = self.primary[HEAP].find_best(&links, units, GROW_SCAN, self.block_len());
             if let Some(l) = own.map(|b| self.take_free(b, units, a)) {
                 return Some(l);
             }
-            if let Some(l) = self.place_in_large_block(units, a) {
+            if let Some(l) = self.take_large_block(units, a, false) {
                 return Some(l);
             }
         }
@@ -67,8 +69,14 @@ impl Pool {
     /// segment's end or start and stays usable as a head or tail.
     #[inline(always)]
     pub(super) fn place_in_large_block(&mut self, units: u32, a: u32) -> Option<Layout> {
+        self.take_large_block(units, a, self.under_pressure())
+    }
+
+    /// `place_in_large_block` with the best fit (`best`) or the good fit.
+    #[inline(always)]
+    fn take_large_block(&mut self, units: u32, a: u32, best: bool) -> Option<Layout> {
         let links = BlockLinksRef(&self.blocks);
-        let b = if self.under_pressure() {
+        let b = if best {
             self.primary[LARGE].find_best(&links, units, BEST_SCAN, self.block_len())
         } else {
             self.primary[LARGE].find_fit(&links, units, LARGE_SCAN, self.block_len())
