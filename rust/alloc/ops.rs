@@ -97,10 +97,14 @@ impl Pool {
                 return Self::served((id.to_bits(), ptr));
             }
         }
-        match self.cache.take(units) {
-            Lookup::Hit(a) => return Self::served(self.take_cached(a, req, units)),
-            Lookup::Stale(w) => self.evict_way(w, units),
-            Lookup::Miss => {}
+        // (a pool without the cache looks nothing up: the way's bookkeeping of a miss was 33
+        // instructions a request there)
+        if self.cache_on {
+            match self.cache.take(units) {
+                Lookup::Hit(a) => return Self::served(self.take_cached(a, req, units)),
+                Lookup::Stale(w) => self.evict_way(w, units),
+                Lookup::Miss => {}
+            }
         }
         // Memory freed on streams whose work has finished (CUDA events) comes back before the
         // pool would grow for it, and every 64 calls otherwise. (Not between the requests of
