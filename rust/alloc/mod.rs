@@ -59,6 +59,7 @@ mod config;
 mod defrag;
 #[cfg(test)]
 mod golden;
+mod grow;
 mod journal;
 mod ops;
 mod pages;
@@ -190,6 +191,10 @@ pub struct Pool {
     cache_on: bool,
     /// Steps recorded or served from a plan (`step.rs`).
     steps: step::Steps,
+    /// The free block after the last large request below a page (`grow.rs`; NIL: none).
+    frontier: u32,
+    /// The length in granules of the last large allocation freed (`grow.rs`).
+    last_freed: u64,
 }
 
 fn invalid_size(msg: String) -> Error {
@@ -289,6 +294,8 @@ impl Pool {
             cache: SizeCache::default(),
             cache_on: cfg.size_cache && cfg.release_threshold.is_none(),
             steps: step::Steps::default(),
+            frontier: NIL,
+            last_freed: 0,
             cfg,
             dev,
         };

@@ -372,6 +372,8 @@ impl Pool {
     pub(super) fn place(&mut self, units: u64, a: u32, reach: Reach) -> Option<Layout> {
         if units < self.small_units {
             self.place_small(units as u32, a, reach)
+        } else if self.grown(units) {
+            self.place_grown(units, a, reach) // (`grow.rs`)
         } else {
             self.place_large(units, a, reach)
         }

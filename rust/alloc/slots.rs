@@ -234,6 +234,9 @@ impl Pool {
         let x = &mut self.allocs[a as usize];
         let (ptr, units, freeing) = (x.ptr, x.units(), x.state == State::Freeing);
         x.generation = x.generation.wrapping_add(1);
+        if units * 2 >= self.small_units {
+            self.last_freed = units; // (`grow.rs`)
+        }
         if self.cfg.scrub {
             let r = self.dev.backend.zero(ptr, units * GRANULE);
             debug_assert!(r.is_ok(), "scrub failed: {r:?}");
