@@ -42,6 +42,10 @@ pub(super) const LARGE_SCAN: usize = 1;
 /// 760 → 768 MiB and t5_train 660 → 664 (over `buddy`'s 662); at 48, 64 or 96 MiB the same
 /// or worse (docs/replay.md, "Reserve on every trace").
 pub(super) const SMALL_POOL: u64 = 128 << 20;
+/// How many free blocks of large segments a large request about to grow the pool looks at
+/// for one that crosses a page boundary (`Pool::cut_for`), from the longest bins down: 256
+/// instead of 64 changed no corpus trace or class.
+pub(super) const STRADDLE_SCAN: usize = 64;
 /// How many items of its own heap bin a small request looks at for the best fit before a
 /// small pool takes a page for it.
 pub(super) const GROW_SCAN: usize = 64;
