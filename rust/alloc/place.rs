@@ -124,9 +124,12 @@ impl Pool {
         let mut need = full + fresh_tail as u32;
         // A small pool about to grow: a request below a page takes a free block of a heap
         // page that holds it, and a tail any free page start that holds it (not only one
-        // within `tail_slack`; not under pressure, where `pick_head_tail` pairs them).
-        let grows = (self.free_pages.free_units() as u32) < need && self.small_pool();
-        if grows && units < pg {
+        // within `tail_slack`; not under pressure, where `pick_head_tail` pairs them). A
+        // larger pool about to grow: a free page start that the tail leaves at most
+        // 1/`GROW_TAIL_DIV` of a page of (docs/replay.md, "Reserve on every trace").
+        let grows = (self.free_pages.free_units() as u32) < need;
+        let small = grows && self.small_pool();
+        if small && units < pg {
             let links = BlockLinksRef(&self.blocks);
             let heap = self.primary[HEAP].find_fit(&links, units as u32, SCAN, self.block_len());
             if let Some(l) = heap.map(|b| self.take_free(b, units as u32, a)) {
@@ -134,8 +137,9 @@ impl Pool {
             }
         }
         if grows && fresh_tail && !self.under_pressure() {
-            if let Some(b) =
-                self.secondary[PREFIX].find_best(&self.sec_links, t, TAIL_SCAN, self.block_len())
+            if let Some(b) = self.secondary[PREFIX]
+                .find_best(&self.sec_links, t, TAIL_SCAN, self.block_len())
+                .filter(|&b| small || self.blocks[b as usize].len - t <= self.pg / GROW_TAIL_DIV)
             {
                 tail = b;
                 need -= 1;
@@ -602,9 +606,11 @@ mod small_pool_tests {
 }
 
 #[cfg(test)]
-mod cut_tests {
-    //! A pool above `SMALL_POOL` about to grow cuts a free block that crosses a page
-    //! boundary inside a segment when its part as the head or tail saves pages (`cut_for`).
+mod grow_tests {
+    //! A pool above `SMALL_POOL` about to grow for a large request: it cuts a free block
+    //! that crosses a page boundary inside a segment when its part as the head or tail saves
+    //! pages (`cut_for`), and a tail takes a free page start that it leaves at most
+    //! 1/`GROW_TAIL_DIV` of a page of.
 
     use super::super::tests::{device, MIB};
     use super::*;
@@ -648,6 +654,26 @@ mod cut_tests {
             p.reserved_bytes() - before,
             2 * MIB,
             "two pages taken beside a free block across a page boundary"
+        );
+    }
+
+    #[test]
+    fn a_tail_takes_a_free_page_start_a_quarter_page_longer() {
+        let mut p = Pool::new(device(1 << 30), PoolConfig::new(2 * MIB)).unwrap();
+        alloc(&mut p, SMALL_POOL).unwrap();
+        // one page: a free page start of 1 MiB, then a 1 MiB allocation
+        let (first, _) = alloc(&mut p, MIB).unwrap();
+        alloc(&mut p, MIB).unwrap();
+        p.free(first).unwrap();
+        p.flush_cache();
+        let before = p.reserved_bytes();
+        // 2.75 MiB: one page and a 0.75 MiB tail, which leaves 256 KiB of the free page
+        // start (more than `tail_slack`, 128 KiB)
+        alloc(&mut p, 11 * MIB / 4).unwrap();
+        assert_eq!(
+            p.reserved_bytes() - before,
+            2 * MIB,
+            "a fresh page taken for a tail that a free page start held"
         );
     }
 
