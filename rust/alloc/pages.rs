@@ -3,6 +3,24 @@
 
 use super::*;
 
+impl Block {
+    /// A free block of `len` granules that starts a large segment at page `p`, before `next`
+    /// (what `split_out` and `cut_at_page` leave after the pages or boundary they cut at).
+    pub(super) fn free_segment_start(p: u32, len: u32, next: u32) -> Block {
+        Block {
+            page: p,
+            off: 0,
+            len,
+            prev: NIL,
+            next,
+            free: true,
+            heap: false,
+            binsec: 0,
+            links: Link::UNLINKED,
+        }
+    }
+}
+
 impl Pool {
     /// Takes `n` pages from the device into the free pages: all of them, or none at the
     /// pool's maximum or when the device has fewer (the PMM's batch is all or nothing).
@@ -230,17 +248,7 @@ impl Pool {
         let u = &mut self.blocks[b as usize];
         u.len = left;
         u.next = NIL;
-        let r = self.new_block(Block {
-            page: p0,
-            off: 0,
-            len: blk.len - left,
-            prev: NIL,
-            next: blk.next,
-            free: true,
-            heap: false,
-            binsec: 0,
-            links: Link::UNLINKED,
-        });
+        let r = self.new_block(Block::free_segment_start(p0, blk.len - left, blk.next));
         self.link_to(blk.next, r);
         self.page_to(p0, PageKind::Large, r);
         self.insert_free(b);

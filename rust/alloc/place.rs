@@ -622,6 +622,13 @@ mod grow_tests {
         })
     }
 
+    /// The bytes an allocation of `size` grows the pool by.
+    fn grown_by(p: &mut Pool, size: u64) -> u64 {
+        let before = p.reserved_bytes();
+        alloc(p, size).unwrap();
+        p.reserved_bytes() - before
+    }
+
     /// 128 MiB held (not a small pool), then one two-page segment: a 1 MiB allocation, a
     /// free block of 2 MiB from 1 to 3 MiB (across the segment's page boundary, holding no
     /// whole page) and a 1 MiB allocation.
@@ -646,14 +653,13 @@ mod grow_tests {
     #[test]
     fn a_head_takes_the_page_end_of_a_free_block_across_a_page_boundary() {
         let mut p = pool_with_a_straddle(None);
-        let before = p.reserved_bytes();
         // 3.5 MiB: the block's first 1 MiB as the head, one fresh page, its last 0.5 MiB as
         // the tail (without the cut: one whole page and a fresh page for a 1.5 MiB tail)
-        alloc(&mut p, 7 * MIB / 2).unwrap();
+        let grew = grown_by(&mut p, 7 * MIB / 2);
         assert_eq!(
-            p.reserved_bytes() - before,
+            grew,
             2 * MIB,
-            "two pages taken beside a free block across a page boundary"
+            "two pages taken beside a free block across a boundary"
         );
     }
 
@@ -666,14 +672,13 @@ mod grow_tests {
         alloc(&mut p, MIB).unwrap();
         p.free(first).unwrap();
         p.flush_cache();
-        let before = p.reserved_bytes();
         // 2.75 MiB: one page and a 0.75 MiB tail, which leaves 256 KiB of the free page
         // start (more than `tail_slack`, 128 KiB)
-        alloc(&mut p, 11 * MIB / 4).unwrap();
+        let grew = grown_by(&mut p, 11 * MIB / 4);
         assert_eq!(
-            p.reserved_bytes() - before,
+            grew,
             2 * MIB,
-            "a fresh page taken for a tail that a free page start held"
+            "a fresh page taken for a tail a free page start held"
         );
     }
 
