@@ -283,17 +283,7 @@ impl Pool {
         // What is after them starts a segment at p1.
         let mut right_block = NIL;
         if right > 0 {
-            let r = Block {
-                page: p1,
-                off: 0,
-                len: right,
-                prev: NIL,
-                next: blk.next,
-                free: true,
-                heap: false,
-                binsec: 0,
-                links: Link::UNLINKED,
-            };
+            let r = Block::free_segment_start(p1, right, blk.next);
             let r = if spare != NIL {
                 self.blocks[spare as usize] = r;
                 std::mem::replace(&mut spare, NIL)

@@ -42,6 +42,18 @@ pub(super) const LARGE_SCAN: usize = 1;
 /// 760 → 768 MiB and t5_train 660 → 664 (over `buddy`'s 662); at 48, 64 or 96 MiB the same
 /// or worse (docs/replay.md, "Reserve on every trace").
 pub(super) const SMALL_POOL: u64 = 128 << 20;
+/// How many free blocks of large segments a large request about to grow the pool looks at
+/// for one that crosses a page boundary (`Pool::cut_for`), from the longest bins down: 256
+/// instead of 64 changed no corpus trace or class.
+pub(super) const STRADDLE_SCAN: usize = 64;
+/// A pool above `SMALL_POOL` about to grow for a fresh tail page takes a free page start
+/// that holds the tail instead when it leaves at most 1/`GROW_TAIL_DIV` of a page of it
+/// (512 KiB at 2 MiB pages; `tail_slack`, 128 KiB, otherwise). Measured over the corpus and
+/// the classes (docs/replay.md, "Reserve on every trace"): at 384–512 KiB no trace or class
+/// reserves more and mid_size meets its bound (292 → 290 MiB); 576 KiB raised mid_size's
+/// smallest capacity 288 → 292, 640 KiB qwen3's device 2 by 2 MiB, any length (what a small
+/// pool takes) resnet50's smallest capacity 1,358 → 1,372.
+pub(super) const GROW_TAIL_DIV: u32 = 4;
 /// How many items of its own heap bin a small request looks at for the best fit before a
 /// small pool takes a page for it.
 pub(super) const GROW_SCAN: usize = 64;

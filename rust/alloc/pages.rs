@@ -3,6 +3,24 @@
 
 use super::*;
 
+impl Block {
+    /// A free block of `len` granules that starts a large segment at page `p`, before `next`
+    /// (what `split_out` and `cut_at_page` leave after the pages or boundary they cut at).
+    pub(super) fn free_segment_start(p: u32, len: u32, next: u32) -> Block {
+        Block {
+            page: p,
+            off: 0,
+            len,
+            prev: NIL,
+            next,
+            free: true,
+            heap: false,
+            binsec: 0,
+            links: Link::UNLINKED,
+        }
+    }
+}
+
 impl Pool {
     /// Takes `n` pages from the device into the free pages: all of them, or none at the
     /// pool's maximum or when the device has fewer (the PMM's batch is all or nothing).
@@ -185,6 +203,64 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// Free blocks of large segments that cross a page boundary but hold no whole page, as
+    /// (block, granules before the boundary, granules after it), the longest bins first, at
+    /// most `scan` blocks looked at.
+    pub(super) fn straddles(&self, scan: usize) -> SmallVec<[(u32, u32, u32); 16]> {
+        let pg = self.pg as u64;
+        let mut out = SmallVec::new();
+        let mut left = scan;
+        let mut top = bin_of(2 * self.pg - 1);
+        while let Some(bin) = self.primary[LARGE].last_at_or_below(top) {
+            for b in self.primary[LARGE].iter(&BlockLinksRef(&self.blocks), bin) {
+                if left == 0 {
+                    return out;
+                }
+                left -= 1;
+                let blk = &self.blocks[b as usize];
+                let (g0, g1) = (self.start_of(blk), self.start_of(blk) + blk.len as u64);
+                let p0 = g0.div_ceil(pg);
+                if p0 * pg > g0 && p0 * pg < g1 && (p0 + 1) * pg > g1 {
+                    out.push((b, (p0 * pg - g0) as u32, (g1 - p0 * pg) as u32));
+                }
+            }
+            if bin == 0 {
+                break;
+            }
+            top = bin - 1;
+        }
+        out
+    }
+
+    /// Cuts free block `b` (one of `straddles`) at its page boundary: its segment ends there
+    /// (`b` keeps the part before, a free page end) and a new segment starts (the part after,
+    /// returned: a free page start). Journaled as a `Split` of no pages.
+    pub(super) fn cut_at_page(&mut self, b: u32) -> u32 {
+        self.remove_free(b);
+        let blk = self.blocks[b as usize];
+        let pg = self.pg as u64;
+        let g0 = self.start_of(&blk);
+        let p0 = g0.div_ceil(pg);
+        let left = (p0 * pg - g0) as u32;
+        let p0 = p0 as u32;
+        let u = &mut self.blocks[b as usize];
+        u.len = left;
+        u.next = NIL;
+        let r = self.new_block(Block::free_segment_start(p0, blk.len - left, blk.next));
+        self.link_to(blk.next, r);
+        self.page_to(p0, PageKind::Large, r);
+        self.insert_free(b);
+        self.insert_free(r);
+        self.journal.push(Change::Split {
+            b,
+            orig: blk,
+            right: r,
+            p0,
+            p1: p0,
+        });
+        r
     }
 
     /// Every whole free page inside large segments back to the free pages, for good (not a

@@ -206,8 +206,11 @@ impl Runs {
     }
 
     /// Takes `[start, start + n)`, which must lie inside one free run (to undo a `free`):
-    /// O(distance to that run's start).
+    /// O(distance to that run's start). Nothing when `n` is 0.
     pub fn take_range(&mut self, start: u32, n: u32) {
+        if n == 0 {
+            return;
+        }
         let mut s = start;
         while self.len_at(s) == 0 {
             debug_assert!(s > 0, "units {start}..+{n} are not free");

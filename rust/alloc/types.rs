@@ -303,7 +303,8 @@ pub(super) struct Stitch {
 #[derive(Clone, Debug)]
 pub(super) enum Change {
     /// `split_out` of free block `b`, which was `orig`, gave pages `[p0, p1)` back to the
-    /// free pages; `right` is the free block it left at `p1` (NIL: none).
+    /// free pages; `right` is the free block it left at `p1` (NIL: none). (`cut_at_page`:
+    /// no pages, `p0 == p1`, the boundary it cut `orig` at.)
     Split {
         b: u32,
         orig: Block,
