@@ -10,6 +10,9 @@ use crate::plan::{plan, Item};
 /// `StepEntry::off` of an entry that is not planned (it outlived its step, or may move).
 pub(super) const UNPLANNED: u64 = u64::MAX;
 
+/// `StepPlan::quick` when the next request may not take the served path.
+pub(super) const NO_QUICK: usize = usize::MAX;
+
 /// One request of the planned step.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct StepEntry {
@@ -58,13 +61,27 @@ pub(super) struct StepPlan {
     /// Entries whose memory is held now (served, not yet given back).
     pub(super) held: Table<bool>,
     pub(super) n_held: u32,
+    /// How many held entries are due at each position (`StepEntry::due`): the served path
+    /// serves `k` only when none due at `k` is held (`due_given_back`).
+    due_held: Table<u32>,
     /// Held entries that may overlap what is served next: those held when the step began,
     /// and those still held at their due position (a departure: freed later than planned, or
     /// freed on a stream and waiting for its fence).
     pub(super) late: Vec<u32>,
     /// The slots prepared for the plan's offsets (`StepEntry::slot`), each a member of the
-    /// arena's group whether it holds an entry now or not.
+    /// arena's group whether it holds an entry now or not; in address order.
     pub(super) slots: Vec<u32>,
+    /// The prepared slot at each pointer: served allocations are found by pointer here, not
+    /// in the pool's pointer index.
+    pub(super) slot_at: PtrMap,
+    /// The entry the served path may serve next, if below the number of entries
+    /// (`NO_QUICK`: none; `Steps::requick`). While it is not `NO_QUICK`, it is the cursor and
+    /// the due position too: the served path moves it alone (`Steps::unquick`).
+    pub(super) quick: usize,
+    /// The group of the arena whose members `free` gives straight back to the plan
+    /// (`step_free`): `group`, or NIL (no slot's group) while the step has a self-check,
+    /// scrub or page release to tell.
+    pub(super) quick_group: u32,
 }
 
 pub(super) fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
@@ -72,14 +89,16 @@ pub(super) fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 }
 
 impl StepPlan {
-    /// A new step starts: every entry still held is late.
-    pub(super) fn begin_step(&mut self) {
+    /// A new step starts: every entry still held is late. `extras`: the step has a
+    /// self-check, scrub or page release to tell on each free.
+    pub(super) fn begin_step(&mut self, extras: bool) {
         self.late.clear();
         self.due_pos = 0;
         if self.n_held > 0 {
             self.late
                 .extend((0..self.held.len() as u32).filter(|&k| self.held[k as usize]));
         }
+        self.quick_group = if extras { NIL } else { self.group };
     }
 
     /// Looks at the due positions up to `k`: an entry still held at its due position is
@@ -99,37 +118,38 @@ impl StepPlan {
         }
     }
 
-    /// Whether planned entry `k`, at the due position the step has reached, may be served
-    /// without a look at the late entries: none is late, and none of those due at `k` is
-    /// still held (they would become late). Then `k` is not held either (an entry held when
-    /// the step began is late). Its position is then looked at.
+    /// Whether the entries due at position `k` (those the plan frees before `k` is made)
+    /// are all given back. With nothing late and the due position at `k`, that is all the
+    /// served path needs to know: every entry held then is, by the plan, somewhere else.
+    /// (Then `k` is not held either: an entry held when the step began is late.) O(1): the
+    /// held entries due at each position are counted as they are held and given back.
     #[inline(always)]
-    pub(super) fn quick_safe(&mut self, k: usize) -> bool {
-        if self.due_pos != k || !self.late.is_empty() {
-            return false;
-        }
-        for i in self.due_at[k]..self.due_at[k + 1] {
-            if self.held[self.due_list[i as usize] as usize] {
-                return false;
-            }
-        }
-        debug_assert!(!self.held[k]);
-        self.due_pos = k + 1;
-        true
+    pub(super) fn due_given_back(&self, k: usize) -> bool {
+        debug_assert_eq!(
+            self.due_held[k] == 0,
+            (*self.due_list)[self.due_at[k] as usize..self.due_at[k + 1] as usize]
+                .iter()
+                .all(|&j| !self.held[j as usize])
+        );
+        self.due_held[k] == 0
     }
 
-    #[inline]
+    /// Planned entry `k` holds its memory now.
+    #[inline(always)]
     pub(super) fn hold(&mut self, k: usize) {
         debug_assert!(!self.held[k]);
         self.held[k] = true;
         self.n_held += 1;
+        self.due_held[self.entries[k].due as usize] += 1;
     }
 
-    #[inline]
+    /// Held entry `k` gives its memory back.
+    #[inline(always)]
     pub(super) fn release(&mut self, k: usize) {
         debug_assert!(self.held[k]);
         self.held[k] = false;
         self.n_held -= 1;
+        self.due_held[self.entries[k].due as usize] -= 1;
     }
 
     /// The plan of a recorded step (no arena yet: `group` NIL, `base` 0).
@@ -189,8 +209,12 @@ impl StepPlan {
             due_pos: 0,
             held: vec![false; n].into(),
             n_held: 0,
+            due_held: vec![0; n + 1].into(),
             late: Vec::new(),
             slots: Vec::new(),
+            slot_at: PtrMap::default(),
+            quick: NO_QUICK,
+            quick_group: NIL,
         }
     }
 
@@ -277,7 +301,6 @@ impl Pool {
             // the plan's hold, and one member a prepared slot (held or not)
             x.members = 1 + p.slots.len() as u32;
         }
-        self.steps.entry_of = vec![NIL; self.allocs.len()].into();
         self.steps.plan = Some(p);
     }
 
@@ -297,6 +320,7 @@ impl Pool {
                 x.ptr = p.base + off;
                 x.layout = Layout::Member(p.group);
                 p.slots.push(a);
+                p.slot_at.insert(p.base + off, a);
                 last = (off, a);
             }
             p.entries[i].slot = last.1;
@@ -378,6 +402,18 @@ impl Pool {
         let mut ranges = Vec::new();
         for &a in &p.slots {
             prepared[a as usize] = true;
+            let ptr = self.allocs[a as usize].ptr;
+            if p.slot_at.get(ptr) != Some(a) {
+                return Err(format!("prepared slot {a} is not found at its pointer"));
+            }
+            if self.by_ptr.as_ref().is_some_and(|m| m.get(ptr).is_some()) {
+                return Err(format!(
+                    "prepared slot {a}'s pointer is in the pointer index"
+                ));
+            }
+        }
+        if p.slot_at.len() != p.slots.len() {
+            return Err("the plan finds slots by pointer that it did not prepare".into());
         }
         for &a in &self.vacant_allocs {
             if prepared[a as usize] {
@@ -403,7 +439,7 @@ impl Pool {
             if !member || x.state == State::Vacant {
                 continue;
             }
-            let k = self.steps.entry_of.get(a).copied().unwrap_or(NIL) as usize;
+            let k = x.members as usize;
             let Some(e) = p.entries.get(k) else {
                 return Err(format!("served allocation {a} names no plan entry"));
             };
@@ -434,6 +470,13 @@ impl Pool {
                 p.n_held,
                 ranges.len()
             ));
+        }
+        let mut due_held = vec![0u32; p.entries.len() + 1];
+        for k in (0..p.entries.len()).filter(|&k| p.held[k]) {
+            due_held[p.entries[k].due as usize] += 1;
+        }
+        if due_held[..] != *p.due_held {
+            return Err("the held entries due at a position are miscounted".into());
         }
         ranges.sort_unstable();
         if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
