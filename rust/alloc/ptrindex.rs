@@ -96,13 +96,19 @@ impl Pool {
     #[inline]
     pub(super) fn unindex(&mut self, ptr: u64) {
         if let Some(m) = &mut self.by_ptr {
-            if m.remove(ptr).is_none()
-                && !self.batches.is_empty()
-                && self.step_slot_at(ptr).is_none()
-            {
-                self.ptr_lookup();
-                self.by_ptr.as_mut().expect("built").remove(ptr);
+            if m.remove(ptr).is_none() && !self.batches.is_empty() {
+                self.unindex_unlisted(ptr);
             }
+        }
+    }
+
+    /// `unindex` of a pointer the index did not hold, with batch records pending.
+    #[cold]
+    #[inline(never)]
+    fn unindex_unlisted(&mut self, ptr: u64) {
+        if self.step_slot_at(ptr).is_none() {
+            self.ptr_lookup();
+            self.by_ptr.as_mut().expect("built").remove(ptr);
         }
     }
 }
