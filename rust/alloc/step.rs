@@ -173,7 +173,7 @@ impl Pool {
         let c = &self.cfg;
         s.extras = c.check || c.scrub || c.release_threshold.is_some();
         match &mut s.plan {
-            Some(p) => p.begin_step(s.extras),
+            Some(p) => p.begin_step(s.extras, &self.allocs),
             None => {
                 s.rec.clear();
                 s.rec_slot.clear();
@@ -289,6 +289,7 @@ impl Pool {
         if k >= p.entries.len() {
             return NOT; // (NO_QUICK, or past the last entry)
         }
+        debug_assert_eq!(p.due_given_back(k), p.due_all_given_back(k, &self.allocs));
         let e = &p.entries[k];
         let a = e.slot;
         if e.size != size || e.stream != stream || a == NIL || scoped != 0 || !p.due_given_back(k) {
@@ -425,9 +426,11 @@ impl Pool {
         let mut taken: SmallVec<[u32; 4]> = SmallVec::new();
         {
             let p = self.steps.plan.as_mut().expect("serving");
-            p.advance_due(k);
-            let held = &p.held;
-            p.late.retain(|&c| held[c as usize]);
+            let allocs = &self.allocs;
+            p.advance_due(k, allocs);
+            let mut late = std::mem::take(&mut p.late);
+            late.retain(|&c| p.is_held(c as usize, allocs));
+            p.late = late;
             let r = p.entries[k].range();
             for &c in &p.late {
                 let e = &p.entries[c as usize];

@@ -58,8 +58,7 @@ pub(super) struct StepPlan {
     due_list: Table<u32>,
     /// Positions before `due_pos` have been looked at in this step.
     pub(super) due_pos: usize,
-    /// Entries whose memory is held now (served, not yet given back).
-    pub(super) held: Table<bool>,
+    /// How many entries hold memory now (served, not yet given back: `is_held`).
     pub(super) n_held: u32,
     /// How many held entries are due at each position (`StepEntry::due`): the served path
     /// serves `k` only when none due at `k` is held (`due_given_back`).
@@ -89,14 +88,31 @@ pub(super) fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 }
 
 impl StepPlan {
+    /// Whether entry `k` holds memory now: its prepared slot is live or freeing and serves
+    /// it (`Alloc::members`). (A prepared slot serves no other request while the plan
+    /// holds it.)
+    #[inline]
+    pub(super) fn is_held(&self, k: usize, allocs: &[Alloc]) -> bool {
+        let a = self.entries[k].slot;
+        a != NIL && {
+            let x = &allocs[a as usize];
+            matches!(x.state, State::Live | State::Freeing) && x.members as usize == k
+        }
+    }
+
     /// A new step starts: every entry still held is late. `extras`: the step has a
     /// self-check, scrub or page release to tell on each free.
-    pub(super) fn begin_step(&mut self, extras: bool) {
+    pub(super) fn begin_step(&mut self, extras: bool, allocs: &[Alloc]) {
         self.late.clear();
         self.due_pos = 0;
         if self.n_held > 0 {
-            self.late
-                .extend((0..self.held.len() as u32).filter(|&k| self.held[k as usize]));
+            for &a in &self.slots {
+                let x = &allocs[a as usize];
+                if matches!(x.state, State::Live | State::Freeing) {
+                    self.late.push(x.members);
+                }
+            }
+            self.late.sort_unstable();
         }
         self.quick_group = if extras { NIL } else { self.group };
     }
@@ -105,12 +121,12 @@ impl StepPlan {
     /// late (the plan may put what comes next over it). Each position is looked at once a
     /// step, so this is O(1) amortised.
     #[inline(always)]
-    pub(super) fn advance_due(&mut self, k: usize) {
+    pub(super) fn advance_due(&mut self, k: usize, allocs: &[Alloc]) {
         while self.due_pos <= k {
             let p = self.due_pos;
             for i in self.due_at[p]..self.due_at[p + 1] {
                 let j = self.due_list[i as usize];
-                if self.held[j as usize] {
+                if self.is_held(j as usize, allocs) {
                     self.late.push(j);
                 }
             }
@@ -125,29 +141,26 @@ impl StepPlan {
     /// held entries due at each position are counted as they are held and given back.
     #[inline(always)]
     pub(super) fn due_given_back(&self, k: usize) -> bool {
-        debug_assert_eq!(
-            self.due_held[k] == 0,
-            (*self.due_list)[self.due_at[k] as usize..self.due_at[k + 1] as usize]
-                .iter()
-                .all(|&j| !self.held[j as usize])
-        );
         self.due_held[k] == 0
     }
 
-    /// Planned entry `k` holds its memory now.
+    /// `due_given_back` by a look at each entry due at `k` (for the debug assertion that the
+    /// count is right).
+    pub(super) fn due_all_given_back(&self, k: usize, allocs: &[Alloc]) -> bool {
+        (self.due_at[k]..self.due_at[k + 1])
+            .all(|i| !self.is_held(self.due_list[i as usize] as usize, allocs))
+    }
+
+    /// Planned entry `k` holds its memory now (its slot is made live next).
     #[inline(always)]
     pub(super) fn hold(&mut self, k: usize) {
-        debug_assert!(!self.held[k]);
-        self.held[k] = true;
         self.n_held += 1;
         self.due_held[self.entries[k].due as usize] += 1;
     }
 
-    /// Held entry `k` gives its memory back.
+    /// Held entry `k` gives its memory back (its slot is made vacant next).
     #[inline(always)]
     pub(super) fn release(&mut self, k: usize) {
-        debug_assert!(self.held[k]);
-        self.held[k] = false;
         self.n_held -= 1;
         self.due_held[self.entries[k].due as usize] -= 1;
     }
@@ -207,7 +220,6 @@ impl StepPlan {
             due_at: due_at.into(),
             due_list: due_list.into(),
             due_pos: 0,
-            held: vec![false; n].into(),
             n_held: 0,
             due_held: vec![0; n + 1].into(),
             late: Vec::new(),
@@ -446,7 +458,7 @@ impl Pool {
             if e.slot != a as u32 || x.size != e.size {
                 return Err(format!("served allocation {a} is not where entry {k} is"));
             }
-            if std::mem::replace(&mut seen[k], true) || !p.held[k] {
+            if std::mem::replace(&mut seen[k], true) {
                 return Err(format!("plan entry {k} held by {a}, not once"));
             }
             if x.state == State::Freeing
@@ -463,7 +475,9 @@ impl Pool {
             }
             ranges.push(e.range());
         }
-        let held = p.held.iter().filter(|&&h| h).count();
+        let held = (0..p.entries.len())
+            .filter(|&k| p.is_held(k, &self.allocs))
+            .count();
         if held != ranges.len() || held != p.n_held as usize {
             return Err(format!(
                 "{held} plan entries held, {} counted, {} served allocations",
@@ -472,7 +486,7 @@ impl Pool {
             ));
         }
         let mut due_held = vec![0u32; p.entries.len() + 1];
-        for k in (0..p.entries.len()).filter(|&k| p.held[k]) {
+        for k in (0..p.entries.len()).filter(|&k| p.is_held(k, &self.allocs)) {
             due_held[p.entries[k].due as usize] += 1;
         }
         if due_held[..] != *p.due_held {
