@@ -73,6 +73,7 @@ mod step;
 mod step_plan;
 #[cfg(test)]
 mod step_props;
+mod step_serve;
 #[cfg(test)]
 mod step_tests;
 mod stitch;
