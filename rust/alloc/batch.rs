@@ -327,19 +327,28 @@ impl Pool {
         // Each pointer leaves the pointer index as it is checked (one probe serves the check
         // and the removal); a pointer named twice is then missing from it. On an error every
         // pointer taken out goes back, and nothing is freed.
+        // (Served allocations are not in the index: found by the plan, each listed in
+        // `served` to see it named twice; they go back to the plan in `release_batch`.)
         let mut taken: Vec<(u64, u32)> = Vec::with_capacity(ptrs.len());
+        let mut served: FxHashSet<u32> = FxHashSet::default();
         let mut result = Ok(());
         for &p in ptrs {
             let index = self.by_ptr.as_mut().expect("the pointer index is built");
-            let Some(a) = index.remove(p) else {
-                result = Err(if taken.iter().any(|&(q, _)| q == p) {
-                    Error::InvalidFree(format!("{p:#x} appears twice in one free"))
-                } else {
-                    // not in the index: say why (interior, foreign, already freed)
-                    self.slot_of_indexed_ptr(p)
-                        .expect_err("a pointer missing from the index is refused")
-                });
-                break;
+            let a = match index.remove(p) {
+                Some(a) => a,
+                None => match self.step_slot_at(p) {
+                    Some(a) if served.insert(a) => a,
+                    _ => {
+                        result = Err(if taken.iter().any(|&(q, _)| q == p) {
+                            Error::InvalidFree(format!("{p:#x} appears twice in one free"))
+                        } else {
+                            // not in the index: say why (interior, foreign, already freed)
+                            self.slot_of_indexed_ptr(p)
+                                .expect_err("a pointer missing from the index is refused")
+                        });
+                        break;
+                    }
+                },
             };
             taken.push((p, a));
             let x = &self.allocs[a as usize];
@@ -357,7 +366,7 @@ impl Pool {
         }
         if result.is_err() {
             let index = self.by_ptr.as_mut().expect("the pointer index is built");
-            for &(p, a) in &taken {
+            for &(p, a) in taken.iter().filter(|(_, a)| !served.contains(a)) {
                 index.insert(p, a);
             }
             return result;

@@ -42,7 +42,8 @@
 //! - A page is free iff it is in a free run; `Owned` pages not free belong to the runs of one
 //!   live or freeing allocation.
 //! - `by_ptr`, once built, maps the pointer of every live or freeing allocation that is not
-//!   in a pending batch record (`batches`), and nothing else; every record entry names a live
+//!   in a pending batch record (`batches`) or served from a step's plan (`step.rs`), and
+//!   nothing else; every record entry names a live
 //!   or freeing allocation.
 //! - A `Cached` slot holds one block of exactly its rounded size and is in the size cache
 //!   once, under that size; nothing else is in the cache.
@@ -73,6 +74,7 @@ mod step;
 mod step_plan;
 #[cfg(test)]
 mod step_props;
+mod step_serve;
 #[cfg(test)]
 mod step_tests;
 mod stitch;

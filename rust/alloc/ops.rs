@@ -29,8 +29,19 @@ impl Pool {
     }
 
     /// Allocates `req.size` bytes. On failure nothing is allocated; the error says why.
+    #[inline]
     pub fn alloc(&mut self, req: Request) -> Result<(AllocId, u64)> {
-        self.alloc_as(req, Ask::ALLOC)
+        if self.in_step() {
+            return self.step_alloc_api(req);
+        }
+        self.alloc_plain(req)
+    }
+
+    /// `alloc` outside a step. (Apart from `alloc`, so that a request served from a plan
+    /// pays none of its prologue.)
+    #[inline(never)]
+    fn alloc_plain(&mut self, req: Request) -> Result<(AllocId, u64)> {
+        self.alloc_req(req, Ask::ALLOC)
             .map_err(|r| self.refusal_error(r, req.size))
     }
 

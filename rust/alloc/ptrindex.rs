@@ -16,17 +16,19 @@ impl Pool {
     }
 
     /// The pointer index, built now if this is the first lookup by pointer.
+    /// (Served allocations stay out of it: `step_slot_at` finds them.)
     pub(super) fn ptr_index(&mut self) -> &PtrMap {
-        let allocs = &self.allocs;
-        self.by_ptr.get_or_insert_with(|| {
+        if self.by_ptr.is_none() {
             let mut m = PtrMap::default();
-            for (a, x) in allocs.iter().enumerate() {
-                if matches!(x.state, State::Live | State::Freeing) {
+            for (a, x) in self.allocs.iter().enumerate() {
+                if matches!(x.state, State::Live | State::Freeing) && !self.step_prepared(a as u32)
+                {
                     m.insert(x.ptr, a as u32);
                 }
             }
-            m
-        })
+            self.by_ptr = Some(m);
+        }
+        self.by_ptr.as_ref().expect("built")
     }
 
     pub(super) fn slot_of_ptr(&mut self, ptr: u64) -> Result<u32> {
@@ -39,7 +41,7 @@ impl Pool {
     #[inline]
     pub(super) fn slot_of_indexed_ptr(&self, ptr: u64) -> Result<u32> {
         let index = self.by_ptr.as_ref().expect("the pointer index is built");
-        if let Some(a) = index.get(ptr) {
+        if let Some(a) = index.get(ptr).or_else(|| self.step_slot_at(ptr)) {
             return match self.allocs[a as usize].state {
                 State::Freeing => Err(Error::InvalidFree(format!(
                     "{ptr:#x} was already freed on stream {}",
@@ -89,15 +91,24 @@ impl Pool {
     }
 
     /// The allocation at `ptr` leaves the pointer index (it is being freed or moved). One that
-    /// was not in it is a batch member waiting in its record: the records go into the index
-    /// first (so that no record ever names memory that went back by another path).
+    /// was not in it is served from a plan (never in it), or a batch member waiting in its
+    /// record: the records go into the index first (so that no record ever names memory that went back by another path).
     #[inline]
     pub(super) fn unindex(&mut self, ptr: u64) {
         if let Some(m) = &mut self.by_ptr {
             if m.remove(ptr).is_none() && !self.batches.is_empty() {
-                self.ptr_lookup();
-                self.by_ptr.as_mut().expect("built").remove(ptr);
+                self.unindex_unlisted(ptr);
             }
+        }
+    }
+
+    /// `unindex` of a pointer the index did not hold, with batch records pending.
+    #[cold]
+    #[inline(never)]
+    fn unindex_unlisted(&mut self, ptr: u64) {
+        if self.step_slot_at(ptr).is_none() {
+            self.ptr_lookup();
+            self.by_ptr.as_mut().expect("built").remove(ptr);
         }
     }
 }

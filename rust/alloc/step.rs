@@ -24,12 +24,15 @@
 //!
 //! ## Invariants (checked by `validate_step`)
 //! - Served entries are slots of the arena's group (`Layout::Member`), live or freeing; an
-//!   entry is `held` iff exactly one such slot names it (`entry_of`), at its offset, and no
+//!   entry is `held` iff exactly one such slot names it (`Alloc::members`), at its offset, and no
 //!   two held entries overlap in address: the plan never hands out memory twice.
 //! - The arena's group counts one member more than it has (the plan's hold), so it stays
 //!   while the plan does; dropping the plan takes the hold away.
+//! - A prepared slot's pointer is never in the pool's pointer index: a lookup by pointer
+//!   finds a served allocation by the plan's `slot_at` (`step_slot_at`), so serving and
+//!   freeing one never touch the index. Dropping the plan puts those still held in it.
 
-use super::step_plan::{overlaps, StepPlan};
+use super::step_plan::{overlaps, StepPlan, NO_QUICK};
 use super::*;
 
 /// How many entries past the cursor a request may match (re-synchronising after requests
@@ -58,10 +61,10 @@ pub(super) struct Rec {
 pub(super) struct Steps {
     /// A step is recording, or a plan is held: `release_slot_into` tells `step_released`.
     pub(super) watch: bool,
-    open: bool,
+    pub(super) open: bool,
     /// The plan was dropped inside the open step: the rest of it is not recorded (a part of
     /// a step would make a plan of a part).
-    partial: bool,
+    pub(super) partial: bool,
     record_steps: Option<u32>,
     /// Steps still to record before the next plan (0: the next step end makes one).
     recorded: u32,
@@ -71,16 +74,13 @@ pub(super) struct Steps {
     rec_slot: FxHashMap<u32, (u32, u32)>,
     clock: u64,
     pub(super) plan: Option<StepPlan>,
-    cursor: usize,
+    pub(super) cursor: usize,
     /// `hits` and `misses` when the open step began.
     step_start: (u64, u64),
     /// Set when the open step began: the pool checks itself, scrubs or gives pages back as
     /// they free up, so a served request takes `step_serve_full` and `step_free_full`.
-    extras: bool,
+    pub(super) extras: bool,
     last: Option<(u64, u64)>,
-    /// The plan entry each prepared slot holds (read only for the plan's prepared slots,
-    /// and only while they are live or freeing).
-    pub(super) entry_of: Table<u32>,
     pub(super) hits: u64,
     pub(super) misses: u64,
     pub(super) rebuilds: u64,
@@ -104,6 +104,35 @@ pub struct StepCounts {
     pub entries: u64,
     /// Steps served from a plan so far.
     pub served_steps: u64,
+}
+
+impl Steps {
+    /// Whether the next request may take the served path (`step_serve_quick`), and at which
+    /// entry: inside a step, with nothing to tell but stores (`extras`), the cursor at the
+    /// due position and nothing late. Looked at again wherever the cursor, the due position
+    /// or the late list change off the served path (`step_begin`, `step_alloc_slow`,
+    /// `step_end`); the served path keeps it itself.
+    pub(super) fn requick(&mut self) {
+        let (open, extras, k) = (self.open, self.extras, self.cursor);
+        if let Some(p) = &mut self.plan {
+            p.quick = if open && !extras && p.due_pos == k && p.late.is_empty() {
+                k
+            } else {
+                NO_QUICK
+            };
+        }
+    }
+
+    /// The served path stops: the cursor and the due position, which it keeps in
+    /// `StepPlan::quick` alone, are written back.
+    pub(super) fn unquick(&mut self) {
+        if let Some(p) = &mut self.plan {
+            if p.quick != NO_QUICK {
+                (self.cursor, p.due_pos) = (p.quick, p.quick);
+                p.quick = NO_QUICK;
+            }
+        }
+    }
 }
 
 impl Pool {
@@ -144,7 +173,7 @@ impl Pool {
         let c = &self.cfg;
         s.extras = c.check || c.scrub || c.release_threshold.is_some();
         match &mut s.plan {
-            Some(p) => p.begin_step(),
+            Some(p) => p.begin_step(s.extras, &self.allocs),
             None => {
                 s.rec.clear();
                 s.rec_slot.clear();
@@ -152,6 +181,7 @@ impl Pool {
             }
         }
         s.watch = true;
+        s.requick();
         Ok(())
     }
 
@@ -162,6 +192,7 @@ impl Pool {
             return Err(Error::InvalidState("no step is open".into()));
         }
         self.steps.open = false;
+        self.steps.requick();
         if self.steps.plan.is_some() {
             let s = &mut self.steps;
             s.served_steps += 1;
@@ -209,83 +240,8 @@ impl Pool {
         self.steps.open
     }
 
-    /// `alloc` inside an open step. The served path first: the entry at the cursor is the
-    /// request's (same size and stream), planned, and nothing late may overlap it.
-    #[inline(never)]
-    pub(super) fn step_alloc(
-        &mut self,
-        req: Request,
-        ask: Ask,
-    ) -> std::result::Result<(AllocId, u64), Refusal> {
-        let s = &mut self.steps;
-        if let Some(p) = &mut s.plan {
-            let k = s.cursor;
-            if let Some(e) = p.entries.get(k) {
-                let a = e.slot;
-                if e.size == req.size
-                    && e.stream == req.stream
-                    && a != NIL
-                    && !req.movable
-                    && p.quick_safe(k)
-                {
-                    s.cursor = k + 1;
-                    if s.extras || req.scope != 0 || self.by_ptr.is_some() {
-                        return Ok(self.step_serve_full(k, a, req));
-                    }
-                    return Ok(self.step_serve(k, a, req));
-                }
-            }
-        }
-        self.step_alloc_slow(req, ask)
-    }
-
-    /// `step_alloc` when the request is not the next entry of the plan, or something held
-    /// may overlap it: the lookahead, the check against late entries, the normal path.
-    #[inline(never)]
-    fn step_alloc_slow(
-        &mut self,
-        req: Request,
-        ask: Ask,
-    ) -> std::result::Result<(AllocId, u64), Refusal> {
-        if self.steps.plan.is_none() {
-            let r = self.alloc_req(req, ask)?;
-            if !self.steps.partial {
-                self.step_record(r.0, req);
-            }
-            return Ok(r);
-        }
-        let saved = (self.steps.cursor, self.steps.misses);
-        let planned = self.step_match(req);
-        if let Some(k) = planned {
-            if !req.movable && self.step_safe(k, req.stream) {
-                let a = self.steps.plan.as_ref().expect("serving").entries[k].slot;
-                return Ok(self.step_serve_full(k, a, req));
-            }
-        }
-        if planned.is_some() || self.steps.cursor == saved.0 {
-            // a planned entry that is not safe, or a request the plan does not have
-            self.steps.misses += 1;
-        }
-        let mut r = self.alloc_req(req, ask);
-        if r.as_ref().is_err_and(Refusal::is_out_of_memory)
-            && !ask.quick
-            && self.steps.plan.is_some()
-        {
-            // The plan must never make a request fail that the pool without it would serve:
-            // it is dropped (its arena goes back unless served blocks still hold it) and the
-            // request tried again; the next step is recorded for a new plan.
-            self.step_rebuild();
-            r = self.alloc_req(req, ask);
-        }
-        if r.is_err() {
-            // (refused or not quick: it did not happen, and the caller may ask again)
-            (self.steps.cursor, self.steps.misses) = saved;
-        }
-        r
-    }
-
     /// Drops the plan for a new one: the next step is recorded.
-    fn step_rebuild(&mut self) {
+    pub(super) fn step_rebuild(&mut self) {
         let s = &mut self.steps;
         s.rebuilds += 1;
         s.need = 1;
@@ -297,7 +253,7 @@ impl Pool {
     }
 
     /// The recorded request `id` made.
-    fn step_record(&mut self, id: AllocId, req: Request) {
+    pub(super) fn step_record(&mut self, id: AllocId, req: Request) {
         let s = &mut self.steps;
         let i = s.rec.len() as u32;
         if let Some((_, j)) = s.rec_slot.insert(id.index, (id.generation, i)) {
@@ -322,7 +278,7 @@ impl Pool {
     /// past it); `None` for no match, or a match with an unplanned entry (the cursor moves
     /// past that one).
     #[inline]
-    fn step_match(&mut self, req: Request) -> Option<usize> {
+    pub(super) fn step_match(&mut self, req: Request) -> Option<usize> {
         let s = &mut self.steps;
         let p = s.plan.as_ref()?;
         let end = (s.cursor + LOOKAHEAD).min(p.entries.len());
@@ -344,13 +300,15 @@ impl Pool {
     /// at once: its work runs in order). An entry served in this step and not yet due has
     /// a lifetime that overlaps `k`'s in the plan, so the plan put it elsewhere. O(late),
     /// late entries leaving the list as they go back.
-    fn step_safe(&mut self, k: usize, stream: u64) -> bool {
+    pub(super) fn step_safe(&mut self, k: usize, stream: u64) -> bool {
         let mut taken: SmallVec<[u32; 4]> = SmallVec::new();
         {
             let p = self.steps.plan.as_mut().expect("serving");
-            p.advance_due(k);
-            let held = &p.held;
-            p.late.retain(|&c| held[c as usize]);
+            let allocs = &self.allocs;
+            p.advance_due(k, allocs);
+            let mut late = std::mem::take(&mut p.late);
+            late.retain(|&c| p.is_held(c as usize, allocs));
+            p.late = late;
             let r = p.entries[k].range();
             for &c in &p.late {
                 let e = &p.entries[c as usize];
@@ -376,7 +334,6 @@ impl Pool {
     /// slot goes back at once (its pending free is then stale, as a reused one's).
     fn step_take_over(&mut self, c: usize) {
         let a = self.steps.plan.as_ref().expect("serving").entries[c].slot;
-        self.unindex(self.allocs[a as usize].ptr);
         let x = &mut self.allocs[a as usize];
         debug_assert!(x.state == State::Freeing);
         x.generation = x.generation.wrapping_add(1);
@@ -386,16 +343,18 @@ impl Pool {
         self.steps.plan.as_mut().expect("serving").release(c);
     }
 
-    /// Serves planned entry `k` (safe) to `req` in its prepared slot `a`: with no pointer
-    /// index, scope or self-check to tell (see `step_serve_full`), nothing but stores.
+    /// Serves planned entry `k` (safe) to `req` in its prepared slot `a`: with no scope or
+    /// self-check to tell (see `step_serve_full`), nothing but stores. (A served allocation
+    /// is never in the pointer index: a lookup by pointer finds it by the plan's
+    /// `slot_at`.)
     #[inline(always)]
-    fn step_serve(&mut self, k: usize, a: u32, req: Request) -> (AllocId, u64) {
+    pub(super) fn step_serve(&mut self, k: usize, a: u32, req: Request) -> (AllocId, u64) {
         let s = &mut self.steps;
         s.plan.as_mut().expect("serving").hold(k);
-        s.entry_of[a as usize] = k as u32;
         s.hits += 1;
         let x = &mut self.allocs[a as usize];
         x.make_live(req.size, req.stream, false, req.scope);
+        x.members = k as u32; // (the entry a prepared slot serves: `Alloc::members`)
         let (ptr, generation) = (x.ptr, x.generation);
         // (no `note_stream`: the recorded request of this entry was on `req.stream`)
         let c = &mut self.counters;
@@ -412,13 +371,10 @@ impl Pool {
         )
     }
 
-    /// `step_serve`, then the pointer index, the scope and the self-check told.
+    /// `step_serve`, then the scope and the self-check told.
     #[inline(never)]
-    fn step_serve_full(&mut self, k: usize, a: u32, req: Request) -> (AllocId, u64) {
+    pub(super) fn step_serve_full(&mut self, k: usize, a: u32, req: Request) -> (AllocId, u64) {
         let (id, ptr) = self.step_serve(k, a, req);
-        if let Some(m) = &mut self.by_ptr {
-            m.insert(ptr, a);
-        }
         if req.scope != 0 {
             self.join_scope(a, req.scope);
         }
@@ -438,7 +394,7 @@ impl Pool {
             if x.layout != Layout::Member(p.group) {
                 return false;
             }
-            p.release(s.entry_of[a as usize] as usize);
+            p.release(x.members as usize);
             let units = x.units();
             if x.state == State::Freeing {
                 self.counters.freeing_bytes -= units * GRANULE;
@@ -461,62 +417,6 @@ impl Pool {
             }
         }
         false
-    }
-
-    /// `free(id)` while a step watches: a served entry goes back to the plan here; anything
-    /// else is freed by the normal path, a recorded request's end noted first.
-    #[inline(never)]
-    pub(super) fn step_free(&mut self, id: AllocId) -> Result<()> {
-        let a = id.index;
-        let s = &mut self.steps;
-        if let (true, Some(p)) = ((a as usize) < self.allocs.len(), &mut s.plan) {
-            let x = &mut self.allocs[a as usize];
-            if x.generation == id.generation
-                && x.state == State::Live
-                && x.pins == 0
-                && x.layout == Layout::Member(p.group)
-                && !s.extras
-                && self.by_ptr.is_none()
-            {
-                // served, with nothing else to tell: the slot goes back to the plan
-                p.release(s.entry_of[a as usize] as usize);
-                x.generation = x.generation.wrapping_add(1);
-                x.state = State::Vacant;
-                self.counters.live_bytes -= x.size;
-                self.counters.frees += 1;
-                return Ok(());
-            }
-        }
-        self.step_free_full(id)
-    }
-
-    /// `step_free` of anything but a served entry with nothing else to tell.
-    #[inline(never)]
-    fn step_free_full(&mut self, id: AllocId) -> Result<()> {
-        let a = id.index;
-        if let Some(x) = self.allocs.get(a as usize) {
-            if x.generation == id.generation && x.state == State::Live && x.pins == 0 {
-                let (ptr, size) = (x.ptr, x.size);
-                if self.step_released(a) {
-                    self.counters.live_bytes -= size;
-                    self.counters.frees += 1;
-                    self.step_freed_full(ptr);
-                    return Ok(());
-                }
-                // (not served: the end of a recorded request is noted)
-            }
-        }
-        // the normal path, which says why a handle is refused
-        self.free_unwatched(id)
-    }
-
-    /// A served allocation at `ptr` was freed: the pointer index and the pages told, and
-    /// the self-check.
-    #[inline(never)]
-    fn step_freed_full(&mut self, ptr: u64) {
-        self.unindex(ptr);
-        self.after_free();
-        self.check();
     }
 
     /// Slot `a` is freed on a stream: a recorded request ends here (its memory is reused in
@@ -548,6 +448,9 @@ impl Pool {
                 if x.state == State::Vacant {
                     x.layout = Layout::None;
                     self.vacant_allocs.push(a);
+                } else if let Some(m) = &mut self.by_ptr {
+                    // a plain allocation from now on, found by pointer as any other
+                    m.insert(x.ptr, a);
                 }
             }
             let x = &mut self.allocs[p.group as usize];
@@ -567,6 +470,26 @@ impl Pool {
         let rebuilt = (self.steps.hits, self.steps.misses, self.steps.rebuilds);
         self.steps = Steps::default();
         (self.steps.hits, self.steps.misses, self.steps.rebuilds) = rebuilt;
+    }
+
+    /// The served allocation (live or freeing) at `ptr`, if any: served allocations are not
+    /// in the pointer index, but in the plan's `slot_at`.
+    #[inline]
+    pub(super) fn step_slot_at(&self, ptr: u64) -> Option<u32> {
+        let p = self.steps.plan.as_ref()?;
+        if ptr.wrapping_sub(p.base) >= p.bytes {
+            return None;
+        }
+        let a = p.slot_at.get(ptr)?;
+        matches!(self.allocs[a as usize].state, State::Live | State::Freeing).then_some(a)
+    }
+
+    /// Whether slot `a` is a prepared slot of the plan (served now, or vacant for its next
+    /// entry): never in the pointer index.
+    pub(super) fn step_prepared(&self, a: u32) -> bool {
+        self.steps.plan.as_ref().is_some_and(|p| {
+            p.group != NIL && self.allocs[a as usize].layout == Layout::Member(p.group)
+        })
     }
 
     /// The members slot `a` counts that are not live or freeing allocations: for the arena

@@ -10,6 +10,9 @@ use crate::plan::{plan, Item};
 /// `StepEntry::off` of an entry that is not planned (it outlived its step, or may move).
 pub(super) const UNPLANNED: u64 = u64::MAX;
 
+/// `StepPlan::quick` when the next request may not take the served path.
+pub(super) const NO_QUICK: usize = usize::MAX;
+
 /// One request of the planned step.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct StepEntry {
@@ -55,16 +58,29 @@ pub(super) struct StepPlan {
     due_list: Table<u32>,
     /// Positions before `due_pos` have been looked at in this step.
     pub(super) due_pos: usize,
-    /// Entries whose memory is held now (served, not yet given back).
-    pub(super) held: Table<bool>,
+    /// How many entries hold memory now (served, not yet given back: `is_held`).
     pub(super) n_held: u32,
+    /// How many held entries are due at each position (`StepEntry::due`): the served path
+    /// serves `k` only when none due at `k` is held (`due_given_back`).
+    due_held: Table<u32>,
     /// Held entries that may overlap what is served next: those held when the step began,
     /// and those still held at their due position (a departure: freed later than planned, or
     /// freed on a stream and waiting for its fence).
     pub(super) late: Vec<u32>,
     /// The slots prepared for the plan's offsets (`StepEntry::slot`), each a member of the
-    /// arena's group whether it holds an entry now or not.
+    /// arena's group whether it holds an entry now or not; in address order.
     pub(super) slots: Vec<u32>,
+    /// The prepared slot at each pointer: served allocations are found by pointer here, not
+    /// in the pool's pointer index.
+    pub(super) slot_at: PtrMap,
+    /// The entry the served path may serve next, if below the number of entries
+    /// (`NO_QUICK`: none; `Steps::requick`). While it is not `NO_QUICK`, it is the cursor and
+    /// the due position too: the served path moves it alone (`Steps::unquick`).
+    pub(super) quick: usize,
+    /// The group of the arena whose members `free` gives straight back to the plan
+    /// (`step_free`): `group`, or NIL (no slot's group) while the step has a self-check,
+    /// scrub or page release to tell.
+    pub(super) quick_group: u32,
 }
 
 pub(super) fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
@@ -72,26 +88,45 @@ pub(super) fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 }
 
 impl StepPlan {
-    /// A new step starts: every entry still held is late.
-    pub(super) fn begin_step(&mut self) {
+    /// Whether entry `k` holds memory now: its prepared slot is live or freeing and serves
+    /// it (`Alloc::members`). (A prepared slot serves no other request while the plan
+    /// holds it.)
+    #[inline]
+    pub(super) fn is_held(&self, k: usize, allocs: &[Alloc]) -> bool {
+        let a = self.entries[k].slot;
+        a != NIL && {
+            let x = &allocs[a as usize];
+            matches!(x.state, State::Live | State::Freeing) && x.members as usize == k
+        }
+    }
+
+    /// A new step starts: every entry still held is late. `extras`: the step has a
+    /// self-check, scrub or page release to tell on each free.
+    pub(super) fn begin_step(&mut self, extras: bool, allocs: &[Alloc]) {
         self.late.clear();
         self.due_pos = 0;
         if self.n_held > 0 {
-            self.late
-                .extend((0..self.held.len() as u32).filter(|&k| self.held[k as usize]));
+            for &a in &self.slots {
+                let x = &allocs[a as usize];
+                if matches!(x.state, State::Live | State::Freeing) {
+                    self.late.push(x.members);
+                }
+            }
+            self.late.sort_unstable();
         }
+        self.quick_group = if extras { NIL } else { self.group };
     }
 
     /// Looks at the due positions up to `k`: an entry still held at its due position is
     /// late (the plan may put what comes next over it). Each position is looked at once a
     /// step, so this is O(1) amortised.
     #[inline(always)]
-    pub(super) fn advance_due(&mut self, k: usize) {
+    pub(super) fn advance_due(&mut self, k: usize, allocs: &[Alloc]) {
         while self.due_pos <= k {
             let p = self.due_pos;
             for i in self.due_at[p]..self.due_at[p + 1] {
                 let j = self.due_list[i as usize];
-                if self.held[j as usize] {
+                if self.is_held(j as usize, allocs) {
                     self.late.push(j);
                 }
             }
@@ -99,37 +134,35 @@ impl StepPlan {
         }
     }
 
-    /// Whether planned entry `k`, at the due position the step has reached, may be served
-    /// without a look at the late entries: none is late, and none of those due at `k` is
-    /// still held (they would become late). Then `k` is not held either (an entry held when
-    /// the step began is late). Its position is then looked at.
+    /// Whether the entries due at position `k` (those the plan frees before `k` is made)
+    /// are all given back. With nothing late and the due position at `k`, that is all the
+    /// served path needs to know: every entry held then is, by the plan, somewhere else.
+    /// (Then `k` is not held either: an entry held when the step began is late.) O(1): the
+    /// held entries due at each position are counted as they are held and given back.
     #[inline(always)]
-    pub(super) fn quick_safe(&mut self, k: usize) -> bool {
-        if self.due_pos != k || !self.late.is_empty() {
-            return false;
-        }
-        for i in self.due_at[k]..self.due_at[k + 1] {
-            if self.held[self.due_list[i as usize] as usize] {
-                return false;
-            }
-        }
-        debug_assert!(!self.held[k]);
-        self.due_pos = k + 1;
-        true
+    pub(super) fn due_given_back(&self, k: usize) -> bool {
+        self.due_held[k] == 0
     }
 
-    #[inline]
+    /// `due_given_back` by a look at each entry due at `k` (for the debug assertion that the
+    /// count is right).
+    pub(super) fn due_all_given_back(&self, k: usize, allocs: &[Alloc]) -> bool {
+        (self.due_at[k]..self.due_at[k + 1])
+            .all(|i| !self.is_held(self.due_list[i as usize] as usize, allocs))
+    }
+
+    /// Planned entry `k` holds its memory now (its slot is made live next).
+    #[inline(always)]
     pub(super) fn hold(&mut self, k: usize) {
-        debug_assert!(!self.held[k]);
-        self.held[k] = true;
         self.n_held += 1;
+        self.due_held[self.entries[k].due as usize] += 1;
     }
 
-    #[inline]
+    /// Held entry `k` gives its memory back (its slot is made vacant next).
+    #[inline(always)]
     pub(super) fn release(&mut self, k: usize) {
-        debug_assert!(self.held[k]);
-        self.held[k] = false;
         self.n_held -= 1;
+        self.due_held[self.entries[k].due as usize] -= 1;
     }
 
     /// The plan of a recorded step (no arena yet: `group` NIL, `base` 0).
@@ -187,10 +220,13 @@ impl StepPlan {
             due_at: due_at.into(),
             due_list: due_list.into(),
             due_pos: 0,
-            held: vec![false; n].into(),
             n_held: 0,
+            due_held: vec![0; n + 1].into(),
             late: Vec::new(),
             slots: Vec::new(),
+            slot_at: PtrMap::default(),
+            quick: NO_QUICK,
+            quick_group: NIL,
         }
     }
 
@@ -277,7 +313,6 @@ impl Pool {
             // the plan's hold, and one member a prepared slot (held or not)
             x.members = 1 + p.slots.len() as u32;
         }
-        self.steps.entry_of = vec![NIL; self.allocs.len()].into();
         self.steps.plan = Some(p);
     }
 
@@ -297,6 +332,7 @@ impl Pool {
                 x.ptr = p.base + off;
                 x.layout = Layout::Member(p.group);
                 p.slots.push(a);
+                p.slot_at.insert(p.base + off, a);
                 last = (off, a);
             }
             p.entries[i].slot = last.1;
@@ -378,6 +414,18 @@ impl Pool {
         let mut ranges = Vec::new();
         for &a in &p.slots {
             prepared[a as usize] = true;
+            let ptr = self.allocs[a as usize].ptr;
+            if p.slot_at.get(ptr) != Some(a) {
+                return Err(format!("prepared slot {a} is not found at its pointer"));
+            }
+            if self.by_ptr.as_ref().is_some_and(|m| m.get(ptr).is_some()) {
+                return Err(format!(
+                    "prepared slot {a}'s pointer is in the pointer index"
+                ));
+            }
+        }
+        if p.slot_at.len() != p.slots.len() {
+            return Err("the plan finds slots by pointer that it did not prepare".into());
         }
         for &a in &self.vacant_allocs {
             if prepared[a as usize] {
@@ -403,14 +451,14 @@ impl Pool {
             if !member || x.state == State::Vacant {
                 continue;
             }
-            let k = self.steps.entry_of.get(a).copied().unwrap_or(NIL) as usize;
+            let k = x.members as usize;
             let Some(e) = p.entries.get(k) else {
                 return Err(format!("served allocation {a} names no plan entry"));
             };
             if e.slot != a as u32 || x.size != e.size {
                 return Err(format!("served allocation {a} is not where entry {k} is"));
             }
-            if std::mem::replace(&mut seen[k], true) || !p.held[k] {
+            if std::mem::replace(&mut seen[k], true) {
                 return Err(format!("plan entry {k} held by {a}, not once"));
             }
             if x.state == State::Freeing
@@ -427,13 +475,22 @@ impl Pool {
             }
             ranges.push(e.range());
         }
-        let held = p.held.iter().filter(|&&h| h).count();
+        let held = (0..p.entries.len())
+            .filter(|&k| p.is_held(k, &self.allocs))
+            .count();
         if held != ranges.len() || held != p.n_held as usize {
             return Err(format!(
                 "{held} plan entries held, {} counted, {} served allocations",
                 p.n_held,
                 ranges.len()
             ));
+        }
+        let mut due_held = vec![0u32; p.entries.len() + 1];
+        for k in (0..p.entries.len()).filter(|&k| p.is_held(k, &self.allocs)) {
+            due_held[p.entries[k].due as usize] += 1;
+        }
+        if due_held[..] != *p.due_held {
+            return Err("the held entries due at a position are miscounted".into());
         }
         ranges.sort_unstable();
         if ranges.windows(2).any(|w| w[1].0 < w[0].1) {

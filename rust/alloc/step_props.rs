@@ -129,3 +129,42 @@ proptest! {
         }
     }
 }
+
+/// How often the exact property fails: of `CASES` random streams (the strategy above, from
+/// a fixed seed) that the pool without steps serves on some device of up to 256 pages, the
+/// share that the pool with steps does not serve on the tightest of those devices. Prints
+/// the figure (docs/plan.md): `cargo test --release --lib -- --ignored --exact
+/// alloc::step_props::tightest_capacity_share --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn tightest_capacity_share() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let cases: usize = std::env::var("CASES").map_or(400, |v| v.parse().unwrap());
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+    );
+    let strategy = (
+        step_seq(),
+        proptest::collection::vec(proptest::collection::vec(departure(), 0..5), 1..6),
+    );
+    let (mut served, mut refused) = (0, 0);
+    for _ in 0..cases {
+        let (seq, steps) = strategy.new_tree(&mut runner).unwrap().current();
+        let Some(c) = tightest(&seq, &steps) else {
+            continue;
+        };
+        if first_refusal(&seq, &steps, c, true).is_none() {
+            served += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    eprintln!(
+        "{refused} of {} streams refused by the pool with steps at the tightest capacity of the \
+         pool without ({:.1} %)",
+        served + refused,
+        100.0 * refused as f64 / (served + refused).max(1) as f64
+    );
+}

@@ -409,27 +409,32 @@ proptest! {
 
     /// Random steps with random departures: served or not, no two live allocations ever share
     /// a byte, every request succeeds (the device is large enough for the normal path to
-    /// serve all of them), and the plan's invariants hold after every call (`cfg.check`).
+    /// serve all of them), and the plan's invariants hold after every call: through the
+    /// pool's self-check (`cfg.check`, where every request takes `step_alloc_slow`), or,
+    /// without it (`checked` false: the served path), by `validate` after each event. With
+    /// `by_ptr`, every second free is by pointer (`free_ptr`, or `free_batch` of one).
     #[test]
     fn random_departures_never_overlap_or_fail(
         seq in step_seq(),
         steps in proptest::collection::vec(proptest::collection::vec(dep(), 0..4), 1..7),
         record in 1u32..3,
+        checked in any::<bool>(),
+        by_ptr in any::<bool>(),
     ) {
         let mut p = pool(1 << 30);
+        p.cfg.check = checked;
         p.set_step_recording(record).unwrap();
         let mut carried: Vec<AllocId> = vec![];
         let mut plain = 0;
         for deps in std::iter::once(vec![]).chain(std::iter::once(vec![])).chain(steps) {
             let (evs, asyncs, carry) = events(&seq, &deps);
             p.step_begin().unwrap();
-            let mut live: BTreeMap<usize, AllocId> = BTreeMap::new();
+            let mut live: BTreeMap<usize, (AllocId, u64)> = BTreeMap::new();
             let mut fences = vec![];
             for e in evs {
                 match e {
                     Ev::A(i, s, st) => {
-                        let (id, _) = p.alloc(on(s, st)).unwrap();
-                        live.insert(i, id);
+                        live.insert(i, p.alloc(on(s, st)).unwrap());
                         // allocations outside the plan's arena and its requests interleave
                         if i % 5 == 0 {
                             plain += 1;
@@ -438,16 +443,24 @@ proptest! {
                         }
                     }
                     Ev::F(i) => {
-                        let id = live.remove(&i).unwrap();
+                        let (id, ptr) = live.remove(&i).unwrap();
                         if asyncs.contains(&i) {
                             fences.push(p.free_async(id, 7).unwrap());
+                        } else if by_ptr && i % 4 == 1 {
+                            p.free_ptr(ptr).unwrap();
+                        } else if by_ptr && i % 4 == 3 {
+                            p.free_batch(&[ptr]).unwrap();
                         } else {
                             p.free(id).unwrap();
                         }
                     }
                 }
                 disjoint(&p);
+                if !checked {
+                    p.validate().unwrap();
+                }
             }
+            let live = live.into_iter().map(|(i, (id, _))| (i, id)).collect();
             end_step(&mut p, true, live, &carry, &mut carried);
             for f in fences {
                 p.complete(f).unwrap();
@@ -458,6 +471,52 @@ proptest! {
         p.close().unwrap();
         prop_assert_eq!(p.reserved_bytes(), 0);
     }
+}
+
+#[test]
+fn served_allocations_are_found_by_pointer_outside_the_pointer_index() {
+    let mut p = planned();
+    p.cfg.check = false; // (the served path; `validate` below)
+    p.step_begin().unwrap();
+    let (a0, p0) = p.alloc(on(3 * MIB, 0)).unwrap();
+    let (a1, p1) = p.alloc(on(MIB, 0)).unwrap();
+    let (_, p2) = p.alloc(on(5 * MIB, 0)).unwrap();
+    assert_eq!(p.step_counts().hits, 3);
+    assert_eq!(p.id_of(p0).unwrap(), a0, "found with the index built now");
+    assert_eq!(
+        p.by_ptr.as_ref().unwrap().get(p0),
+        None,
+        "served: not in the index"
+    );
+    assert!(matches!(p.free_ptr(p0 + 4096), Err(Error::InvalidFree(_))));
+    assert!(matches!(
+        p.free_batch(&[p1, p1]),
+        Err(Error::InvalidFree(_))
+    ));
+    assert!(p.info(a1).is_ok(), "a refused batch frees nothing");
+    p.validate().unwrap();
+    let (_, p3) = p.alloc(on(4096, 0)).unwrap();
+    p.free_ptr(p3).unwrap();
+    assert!(
+        matches!(p.free_ptr(p3), Err(Error::InvalidFree(_))),
+        "freed twice"
+    );
+    let (a4, _) = p.alloc(on(2 * MIB + 512, 0)).unwrap();
+    p.free_batch(&[p2]).unwrap();
+    let (_, p5) = p.alloc(on(700 * 1024, 0)).unwrap();
+    p.free(a4).unwrap();
+    p.free_batch(&[p5]).unwrap();
+    let (_, q) = p.alloc(on(MIB, 0)).unwrap(); // (past the step's requests: the normal path)
+    p.free_batch(&[p1, q]).unwrap();
+    p.step_end().unwrap();
+    assert_eq!(p.step_counts().hits, 6);
+    p.validate().unwrap();
+    // request 0 stays live; once the plan is dropped it is a plain allocation, indexed
+    p.step_drop_plan();
+    assert_eq!(p.by_ptr.as_ref().unwrap().get(p0), Some(a0.index));
+    p.validate().unwrap();
+    p.free_ptr(p0).unwrap();
+    p.validate().unwrap();
 }
 
 #[test]

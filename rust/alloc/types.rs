@@ -338,7 +338,8 @@ pub(super) struct Alloc {
     /// The fence of a pending stream-ordered free.
     pub(super) fence: u64,
     pub(super) layout: Layout,
-    /// A group: how many of its members are not yet freed.
+    /// A group: how many of its members are not yet freed. A slot prepared by a step's plan
+    /// (rust/alloc/step.rs), live or freeing: the plan entry it serves.
     pub(super) members: u32,
 }
 

@@ -391,7 +391,10 @@ impl Pool {
                 left.0 -= x.units();
                 left.1 -= 1;
             }
-            if self.by_ptr.as_ref().is_some_and(|m| {
+            if self.step_prepared(a as u32) {
+                // served from a plan: not in the pointer index (`validate_step`)
+                n -= 1;
+            } else if self.by_ptr.as_ref().is_some_and(|m| {
                 m.get(x.ptr) != Some(a as u32) && pending.get(&x.ptr) != Some(&(a as u32))
             }) {
                 return Err(format!(
