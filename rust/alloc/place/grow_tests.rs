@@ -1,0 +1,86 @@
+//! A pool above `SMALL_POOL` about to grow for a large request: it cuts a free block
+//! that crosses a page boundary inside a segment when its part as the head or tail saves
+//! pages (`cut_for`), and a tail takes a free page start that it leaves at most
+//! 1/`GROW_TAIL_DIV` of a page of.
+
+use super::super::tests::{device, MIB};
+use super::*;
+
+fn alloc(p: &mut Pool, size: u64) -> Result<(AllocId, u64)> {
+    p.alloc(Request {
+        size,
+        ..Request::default()
+    })
+}
+
+/// The bytes an allocation of `size` grows the pool by.
+fn grown_by(p: &mut Pool, size: u64) -> u64 {
+    let before = p.reserved_bytes();
+    alloc(p, size).unwrap();
+    p.reserved_bytes() - before
+}
+
+/// 128 MiB held (not a small pool), then one two-page segment: a 1 MiB allocation, a
+/// free block of 2 MiB from 1 to 3 MiB (across the segment's page boundary, holding no
+/// whole page) and a 1 MiB allocation.
+fn pool_with_a_straddle(max_size: Option<u64>) -> Pool {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    cfg.max_size = max_size;
+    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
+    alloc(&mut p, SMALL_POOL).unwrap();
+    let (_, a) = alloc(&mut p, MIB).unwrap();
+    let (b, b_ptr) = alloc(&mut p, 2 * MIB).unwrap();
+    let (_, c_ptr) = alloc(&mut p, MIB).unwrap();
+    // (the segment is contiguous: the three follow each other)
+    assert_eq!((b_ptr, c_ptr), (a + MIB, a + 3 * MIB));
+    p.free(b).unwrap();
+    p.flush_cache();
+    assert_eq!(p.reserved_bytes(), SMALL_POOL + 4 * MIB);
+    assert_eq!(p.stats().largest_free_run, 2 * MIB);
+    p
+}
+
+#[test]
+fn a_head_takes_the_page_end_of_a_free_block_across_a_page_boundary() {
+    let mut p = pool_with_a_straddle(None);
+    // 3.5 MiB: the block's first 1 MiB as the head, one fresh page, its last 0.5 MiB as
+    // the tail (without the cut: one whole page and a fresh page for a 1.5 MiB tail)
+    let grew = grown_by(&mut p, 7 * MIB / 2);
+    assert_eq!(
+        grew,
+        2 * MIB,
+        "two pages taken beside a free block across a boundary"
+    );
+}
+
+#[test]
+fn a_tail_takes_a_free_page_start_a_quarter_page_longer() {
+    let mut p = Pool::new(device(1 << 30), PoolConfig::new(2 * MIB)).unwrap();
+    alloc(&mut p, SMALL_POOL).unwrap();
+    // one page: a free page start of 1 MiB, then a 1 MiB allocation
+    let (first, _) = alloc(&mut p, MIB).unwrap();
+    alloc(&mut p, MIB).unwrap();
+    p.free(first).unwrap();
+    p.flush_cache();
+    // 2.75 MiB: one page and a 0.75 MiB tail, which leaves 256 KiB of the free page
+    // start (more than `tail_slack`, 128 KiB)
+    let grew = grown_by(&mut p, 11 * MIB / 4);
+    assert_eq!(
+        grew,
+        2 * MIB,
+        "a fresh page taken for a tail a free page start held"
+    );
+}
+
+#[test]
+fn a_request_refused_after_a_cut_leaves_the_block_whole() {
+    let held = SMALL_POOL + 4 * MIB;
+    let mut p = pool_with_a_straddle(Some(held));
+    let ends = |p: &Pool| (p.secondary[SUFFIX].len(), p.secondary[PREFIX].len());
+    let before = ends(&p);
+    // (it would need a page even with the cut, and the pool is at its maximum)
+    assert!(alloc(&mut p, 7 * MIB / 2).is_err());
+    assert_eq!(p.reserved_bytes(), held);
+    assert_eq!(ends(&p), before, "the cut was not undone");
+}
