@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// See `keeps_head`. 4 (a quarter page, 512 KiB): vit_train 480 → 470 MiB, unet_train 408
+/// → 404; at 1/8 or 3/16 of a page unet_train 410 (over its 409.9 bound), at 5/16 or more
+/// vit_train stays at 480 (its passed-over heads are 552 KiB); docs/replay.md.
+const RUN_FIRST_HEAD_DIV: u32 = 4;
+
 impl Pool {
     /// A small request: good fit in the heap pages, else a new heap page. With `Reach::Any`
     /// (on the way to out of memory): a free block of a large page will do too. Before it takes a page,
@@ -191,7 +196,7 @@ impl Pool {
                     .run_at(self.page_after(&self.blocks[head as usize]))
                     >= need;
             let whole = units.div_ceil(pg) as u32;
-            if !head_ok {
+            if !head_ok && !self.keeps_head(head, whole, need) {
                 if let Some(p) = self.free_pages.alloc(whole) {
                     let b = self.open_segment(p, whole, PageKind::Large);
                     return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
@@ -269,6 +274,19 @@ impl Pool {
             window: NIL,
             window_len: 0,
         }))
+    }
+
+    /// Whether a request that `run_first` would lay over `whole` fresh pages goes over `head`
+    /// (a free page end) and `need` pages instead: in a pool of at least `SMALL_POOL`, when
+    /// the head saves a page and is at least 1/`RUN_FIRST_HEAD_DIV` of one. A head passed
+    /// over stays free until a request fits it; in a training step repeated over the pages
+    /// the first one freed, each tensor passed one, and they add up to the pages the step's
+    /// peak then grows by (docs/replay.md, "Reserve on every trace": vit_train).
+    #[inline]
+    fn keeps_head(&self, head: u32, whole: u32, need: u32) -> bool {
+        whole > need
+            && !self.small_pool()
+            && self.len_or_0(head) * RUN_FIRST_HEAD_DIV as u64 >= self.pg as u64
     }
 
     /// On the quick path (`Reach::Held`), a request that would reclaim pages from large
@@ -481,5 +499,7 @@ impl Pool {
 
 #[cfg(test)]
 mod grow_tests;
+#[cfg(test)]
+mod run_first_tests;
 #[cfg(test)]
 mod small_pool_tests;

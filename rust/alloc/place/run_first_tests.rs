@@ -1,0 +1,52 @@
+//! A pool of at least `SMALL_POOL` with free pages aplenty, for a large request whose head
+//! would need the window: it takes a fresh run only when the free page end it would pass
+//! over saves no page or is under 1/`RUN_FIRST_HEAD_DIV` of one (`keeps_head`).
+
+use super::super::tests::{device, MIB};
+use super::*;
+
+const KIB: u64 = 1 << 10;
+
+fn alloc(p: &mut Pool, size: u64) -> AllocId {
+    p.alloc(Request {
+        size,
+        ..Request::default()
+    })
+    .unwrap()
+    .0
+}
+
+/// A pool of 160 MiB (not a small pool) holding 130 MiB of whole pages, a page whose second
+/// half is free (a 1 MiB allocation freed there) followed by a page in use, and 13 free
+/// pages. Then a 2,364 KiB request (that half page as its head and one page, or a run of
+/// two pages) and twelve of 2 MiB: the pool holds them all only when the first took the
+/// head. Passed over, the half page stayed free and the pool grew a page (162 MiB).
+#[test]
+fn a_free_page_end_that_saves_a_page_is_not_passed_over() {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    cfg.initial_size = 160 * MIB;
+    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
+    for _ in 0..65 {
+        alloc(&mut p, 2 * MIB);
+    }
+    alloc(&mut p, MIB);
+    let half = alloc(&mut p, MIB);
+    alloc(&mut p, 2 * MIB);
+    p.free(half).unwrap();
+    p.flush_cache();
+    let before = p.reserved_bytes();
+    assert_eq!(p.stats().pages_free, 13);
+    alloc(&mut p, 2364 * KIB);
+    for _ in 0..12 {
+        alloc(&mut p, 2 * MIB);
+    }
+    p.validate().unwrap();
+    let after = p.reserved_bytes();
+    assert_eq!(
+        after,
+        before,
+        "the pool grew {} MiB",
+        (after - before) >> 20
+    );
+}
