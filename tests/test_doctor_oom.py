@@ -85,3 +85,22 @@ def test_every_corpus_oom_is_named():
                 text = "\n".join(diagnose_trace(t).lines())
                 assert f"device {t.device}" in text and format_size(oom["size"]) in text
     assert seen >= 1
+
+
+def test_the_least_device_it_names_runs_the_trace():
+    """"No allocator can need less than X": X is what the driver model needs, not its smallest
+    capacity to the search's step (2 MiB here, 1 % of peak live on a large trace). Peak live
+    10.25 MiB: a device of that much (in 512 B blocks) runs the driver model, so X is no more."""
+    from gpumm.replay import replay
+    from gpumm.traces import Event, Trace
+    from gpumm.units import MiB, parse_size
+
+    sizes = [4 * MiB, 6 * MiB + 256 * 1024]
+    events = [Event("alloc", 0x1000 * (i + 1), s, 0, i) for i, s in enumerate(sizes)]
+    events += [Event("free", 0x1000 * (i + 1), s, 0, 10 + i) for i, s in enumerate(sizes)]
+    t = Trace(events, "two.csv", format="rmm")
+    line = next(f.text for f in diagnose_trace(t).findings if "can need less than" in f.text)
+    named = parse_size(line.split("can need less than ")[1].split(" of device")[0].replace(" ", ""))
+    enough = -(-t.peak_live() // 512) * 512
+    assert not replay(t, ["driver"], capacity=enough, min_capacity=False).results["driver"].ooms
+    assert t.peak_live() - MiB // 100 <= named <= enough + MiB // 100, line
