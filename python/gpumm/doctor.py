@@ -74,9 +74,16 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None, planned: bool = True)
     need = drv.peak_reserved if drv.ran and not drv.ooms else 0
     add(Finding("fact", f"peak live {fs(rep.peak_live)}; no allocator can need less than "
                 f"{fs(max(need, rep.peak_live))} of device for this trace"))
+    if g.ran and g.ooms:
+        # the replay's peak stops short of what the trace needs: say so, not that peak
+        need = (f"it needs {fs(g.min_capacity)}" if g.min_capacity else
+                f"it needs more than {fs(rep.capacity)}")
+        add(Finding("fact", f"on a device of {fs(rep.capacity)} gpumm's pool fails "
+                    f"{len(g.ooms)} request(s) of this trace (the first: {fs(g.ooms[0]['size'])}); "
+                    f"{need}", g.ooms[0]["size"]))
     pl = rep.planned
     if pl is not None:
-        add(Finding("fact", planned_line(pl, g if g.ran else None)))
+        add(Finding("fact", planned_line(pl, g if g.ran and not g.ooms else None)))
     d.rank()
     d.findings = oom_findings + d.findings  # the recorded failure first: it is the question
     return d
