@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from gpumm.traces import Event, Trace, write_rmm_csv
+from gpumm.units import format_size
 
 Step = Callable[[], None]
 
@@ -487,7 +488,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{head}: not recorded: {type(e).__name__}: {e}", flush=True)
             continue
         print(f"{head}: {path}: {trace.num_allocs:,} allocations, peak live "
-              f"{trace.peak_live() / 2**30:.2f} GiB, {time.perf_counter() - t0:.0f} s", flush=True)
+              f"{format_size(trace.peak_live())}, {time.perf_counter() - t0:.0f} s", flush=True)
     return 1 if failed else 0
 
 
