@@ -76,11 +76,11 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None, planned: bool = True)
                 f"{fs(max(need, rep.peak_live))} of device for this trace"))
     if g.ran and g.ooms:
         # the replay's peak stops short of what the trace needs: say so, not that peak
-        need = (f"it needs {fs(g.min_capacity)}" if g.min_capacity else
-                f"it needs more than {fs(rep.capacity)}")
+        needs = (f"it needs {fs(g.min_capacity)}" if g.min_capacity else
+                 f"it needs more than {fs(rep.capacity)}")
         add(Finding("fact", f"on a device of {fs(rep.capacity)} gpumm's pool fails "
                     f"{len(g.ooms)} request(s) of this trace (the first: {fs(g.ooms[0]['size'])}); "
-                    f"{need}", g.ooms[0]["size"]))
+                    f"{needs}", g.ooms[0]["size"]))
     pl = rep.planned
     if pl is not None:
         add(Finding("fact", planned_line(pl, g if g.ran and not g.ooms else None)))
