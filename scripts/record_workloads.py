@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from gpumm.traces import Event, Trace, write_rmm_csv
+from gpumm.units import format_size
 
 Step = Callable[[], None]
 
@@ -200,6 +201,144 @@ def llama_train_512() -> Step:
     return _adamw_step(model, lambda: model(input_ids=ids, labels=ids).loss)
 
 
+def bart_beam() -> Step:
+    """Beam search in an encoder-decoder: transformers' BART with a shrunk configuration
+    (3 + 3 layers, d_model 256, 4 heads, feed-forward 1024, vocabulary 16000), batch 2, a
+    96-token source, 40 new tokens by ``generate`` with 4 beams and the KV cache (each step
+    reorders the cache of the beams it keeps)."""
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(0)
+    cfg = BartConfig(vocab_size=16000, d_model=256, encoder_layers=3, decoder_layers=3,
+                     encoder_attention_heads=4, decoder_attention_heads=4,
+                     encoder_ffn_dim=1024, decoder_ffn_dim=1024, max_position_embeddings=256,
+                     pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                     forced_eos_token_id=None)
+    model = BartForConditionalGeneration(cfg).eval()
+    src = torch.randint(3, 16000, (2, 96))
+    mask = torch.ones_like(src)
+
+    def step() -> None:
+        with torch.no_grad():
+            out = model.generate(src, attention_mask=mask, num_beams=4, max_new_tokens=40,
+                                 min_new_tokens=40, do_sample=False, early_stopping=False,
+                                 use_cache=True)
+        assert out.shape[0] == 2 and out.shape[1] >= 40, out.shape
+
+    return step
+
+
+def wav2vec2_ctc_train() -> Step:
+    """A speech model's training step: transformers' Wav2Vec2 with CTC, its default
+    convolutional feature encoder (7 layers of 512 channels, 320 samples a frame) and a
+    shrunk transformer (4 layers, hidden 384, 6 heads, intermediate 1536), batch 2 × 2 s of
+    random 16 kHz audio, 40-label random transcripts (vocabulary 32), AdamW."""
+    import torch
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+    torch.manual_seed(0)
+    cfg = Wav2Vec2Config(vocab_size=32, hidden_size=384, num_hidden_layers=4,
+                         num_attention_heads=6, intermediate_size=1536, pad_token_id=0,
+                         ctc_loss_reduction="mean", mask_time_prob=0.0)
+    model = Wav2Vec2ForCTC(cfg)
+    audio = torch.randn(2, 32000)
+    labels = torch.randint(1, 32, (2, 40))
+    return _adamw_step(model, lambda: model(input_values=audio, labels=labels).loss)
+
+
+def convnext_train() -> Step:
+    """ConvNeXt-tiny (the default ConvNextConfig: stages of 3, 3, 9, 3 blocks, 96 to 768
+    channels, 7 × 7 depth-wise convolutions, layer norm) with a 10-class head, batch 4 ×
+    160 × 160 images, AdamW."""
+    import torch
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    torch.manual_seed(0)
+    model = ConvNextForImageClassification(ConvNextConfig(num_labels=10, image_size=160))
+    pixels = torch.randn(4, 3, 160, 160)
+    labels = torch.randint(0, 10, (4,))
+    return _adamw_step(model, lambda: model(pixel_values=pixels, labels=labels).loss)
+
+
+def bert_mlm_varlen() -> Step:
+    """A masked-LM training step on batches padded to their own length: transformers' BERT
+    with a shrunk configuration (4 layers, hidden 256, 4 heads, intermediate 1024, vocabulary
+    30522), batch 8, each step's sequences padded to the next of 128, 77, 203 tokens (the
+    warm-up takes the first; the recorded steps see lengths not seen before, the second longer
+    than any before it), 15 % of the real tokens masked, AdamW."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4,
+                     num_attention_heads=4, intermediate_size=1024, max_position_embeddings=512)
+    model = BertForMaskedLM(cfg)
+    lengths = iter([128, 77, 203] * 4)
+
+    def loss():
+        n = next(lengths)
+        real = torch.randint(n // 2, n + 1, (8,))  # each sequence's own length, then padding
+        mask = (torch.arange(n)[None, :] < real[:, None]).long()
+        ids = torch.randint(1000, 30522, (8, n)) * mask
+        chosen = (torch.rand(8, n) < 0.15) & mask.bool()
+        labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+        masked = torch.where(chosen, torch.full_like(ids, 103), ids)
+        return model(input_ids=masked, attention_mask=mask, labels=labels).loss
+
+    return _adamw_step(model, loss)
+
+
+def vae_train() -> Step:
+    """A diffusers AutoencoderKL training step (block channels 64, 128, 256, one ResNet layer
+    a block, 4 latent channels, a mid-block with attention), batch 2 × 128 × 128 RGB:
+    reconstruction MSE plus 1e-6 × the KL term, AdamW."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    model = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1,
+        block_out_channels=(64, 128, 256),
+        down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
+        norm_num_groups=32, sample_size=128,
+    )
+    images = torch.randn(2, 3, 128, 128)
+
+    def loss():
+        post = model.encode(images).latent_dist
+        rec = model.decode(post.sample()).sample
+        return torch.nn.functional.mse_loss(rec, images) + 1e-6 * post.kl().mean()
+
+    return _adamw_step(model, loss)
+
+
+def distilbert_serve() -> Step:
+    """Inference batches of varying size and length, as a server sees them: transformers'
+    DistilBERT (the default DistilBertConfig: 6 layers, dim 768, 12 heads, vocabulary 30522)
+    with a 3-class head under ``torch.inference_mode``, 8 batches of 1, 8, 3, 16, 5, 12, 2
+    and 7 sequences, each padded to its longest (lengths drawn from 16-160)."""
+    import torch
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    torch.manual_seed(0)
+    model = DistilBertForSequenceClassification(DistilBertConfig(num_labels=3)).eval()
+    batches = []
+    for b in (1, 8, 3, 16, 5, 12, 2, 7):
+        real = torch.randint(16, 161, (b,))
+        n = int(real.max())
+        mask = (torch.arange(n)[None, :] < real[:, None]).long()
+        batches.append((torch.randint(1000, 30522, (b, n)) * mask, mask))
+
+    def step() -> None:
+        with torch.inference_mode():
+            for ids, mask in batches:
+                out = model(input_ids=ids, attention_mask=mask).logits
+                assert out.shape == (ids.shape[0], 3), out.shape
+
+    return step
+
+
 # Decoding and T5 come first: they are the ones the replay's crash reproductions need.
 WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
     Workload("gpt2_decode", "GPT-2 small, greedy generate, KV cache", gpt2_decode, 1, 1),
@@ -210,6 +349,15 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
     Workload("llama_train_512", "Llama (small), 2 x 512 tokens, AdamW", llama_train_512, 1, 2),
     Workload("llama_decode", "Llama (small, grouped-query), greedy generate, KV cache",
              llama_decode, 1, 1),
+    Workload("bart_beam", "BART (small), generate, 4 beams, KV cache", bart_beam, 1, 1),
+    Workload("wav2vec2_ctc_train", "Wav2Vec2 (small transformer), CTC, random audio, AdamW",
+             wav2vec2_ctc_train, 1, 2),
+    Workload("convnext_train", "ConvNeXt-tiny, 160 x 160, AdamW", convnext_train, 1, 2),
+    Workload("bert_mlm_varlen", "BERT (small) masked LM, a new padded length each step, AdamW",
+             bert_mlm_varlen, 1, 2),
+    Workload("vae_train", "diffusers AutoencoderKL, MSE + KL, AdamW", vae_train, 1, 2),
+    Workload("distilbert_serve", "DistilBERT inference, 8 batches of varying size and length",
+             distilbert_serve, 1, 1),
 ]}
 
 
@@ -340,7 +488,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{head}: not recorded: {type(e).__name__}: {e}", flush=True)
             continue
         print(f"{head}: {path}: {trace.num_allocs:,} allocations, peak live "
-              f"{trace.peak_live() / 2**30:.2f} GiB, {time.perf_counter() - t0:.0f} s", flush=True)
+              f"{format_size(trace.peak_live())}, {time.perf_counter() - t0:.0f} s", flush=True)
     return 1 if failed else 0
 
 

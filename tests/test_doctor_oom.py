@@ -85,3 +85,41 @@ def test_every_corpus_oom_is_named():
                 text = "\n".join(diagnose_trace(t).lines())
                 assert f"device {t.device}" in text and format_size(oom["size"]) in text
     assert seen >= 1
+
+
+def _two_tensors():
+    """4 MiB, then 6.25 MiB while it is live: peak live 10.25 MiB."""
+    from gpumm.traces import Event, Trace
+    from gpumm.units import MiB
+
+    sizes = [4 * MiB, 6 * MiB + 256 * 1024]
+    events = [Event("alloc", 0x1000 * (i + 1), s, 0, i) for i, s in enumerate(sizes)]
+    events += [Event("free", 0x1000 * (i + 1), s, 0, 10 + i) for i, s in enumerate(sizes)]
+    return Trace(events, "two.csv", format="rmm")
+
+
+def test_a_device_too_small_for_the_pool_is_said():
+    """On a device smaller than the pool needs, the doctor says gpumm's pool fails there and
+    what it needs, and does not set the peak it reached before failing against the plan (it
+    said "gpumm's pool reserves 4 MiB (0.3902 × the bound, 6.25 MiB below the plan)")."""
+    text = [f.text for f in diagnose_trace(_two_tensors(), "8MiB").findings]
+    fails = [line for line in text if "gpumm's pool fails" in line]
+    assert len(fails) == 1 and "1 request" in fails[0] and "8 MiB" in fails[0], text
+    assert "12 MiB" in fails[0], fails  # its smallest capacity, the search's
+    assert not any("below the plan" in line or "gpumm's pool reserves" in line for line in text)
+    assert not any("gpumm's pool fails" in f.text for f in diagnose_trace(_two_tensors()).findings)
+
+
+def test_the_least_device_it_names_runs_the_trace():
+    """"No allocator can need less than X": X is what the driver model needs, not its smallest
+    capacity to the search's step (2 MiB here, 1 % of peak live on a large trace). Peak live
+    10.25 MiB: a device of that much (in 512 B blocks) runs the driver model, so X is no more."""
+    from gpumm.replay import replay
+    from gpumm.units import MiB, parse_size
+
+    t = _two_tensors()
+    line = next(f.text for f in diagnose_trace(t).findings if "can need less than" in f.text)
+    named = parse_size(line.split("can need less than ")[1].split(" of device")[0].replace(" ", ""))
+    enough = -(-t.peak_live() // 512) * 512
+    assert not replay(t, ["driver"], capacity=enough, min_capacity=False).results["driver"].ooms
+    assert t.peak_live() - MiB // 100 <= named <= enough + MiB // 100, line

@@ -68,11 +68,22 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None, planned: bool = True)
         add(Finding("remedy", f"replayed: PyTorch's caching allocator needs {_fs(c.min_capacity)} "
                     f"of device, gpumm {_fs(g.min_capacity)} (peak reserved {fs(c.peak_reserved)} "
                     f"vs {fs(g.peak_reserved)})", c.peak_reserved - g.peak_reserved))
+    # the driver model holds each live request rounded to 512 B and nothing else: its peak is
+    # the least any allocator needs (its smallest capacity is that rounded up to the search's
+    # step, 2 MiB or 1 % of peak live, which overstates it); an OOM in it cuts its peak short
+    need = drv.peak_reserved if drv.ran and not drv.ooms else 0
     add(Finding("fact", f"peak live {fs(rep.peak_live)}; no allocator can need less than "
-                f"{fs(drv.min_capacity or rep.peak_live)} of device for this trace"))
+                f"{fs(max(need, rep.peak_live))} of device for this trace"))
+    if g.ran and g.ooms:
+        # the replay's peak stops short of what the trace needs: say so, not that peak
+        needs = (f"it needs {fs(g.min_capacity)}" if g.min_capacity else
+                 f"it needs more than {fs(rep.capacity)}")
+        add(Finding("fact", f"on a device of {fs(rep.capacity)} gpumm's pool fails "
+                    f"{len(g.ooms)} request(s) of this trace (the first: {fs(g.ooms[0]['size'])}); "
+                    f"{needs}", g.ooms[0]["size"]))
     pl = rep.planned
     if pl is not None:
-        add(Finding("fact", planned_line(pl, g if g.ran else None)))
+        add(Finding("fact", planned_line(pl, g if g.ran and not g.ooms else None)))
     d.rank()
     d.findings = oom_findings + d.findings  # the recorded failure first: it is the question
     return d

@@ -315,15 +315,13 @@ impl Pool {
         if self.dev.backend.copy(new, old, bytes).is_err() {
             return false;
         }
-        if self.cfg.scrub {
-            let (start, end) = if new < old {
-                (old.max(new + bytes), old + bytes)
-            } else {
-                (old, (old + bytes).min(new))
-            };
-            let r = self.dev.backend.zero(start, end - start);
-            debug_assert!(r.is_ok(), "scrub failed: {r:?}");
-        }
+        // what the move left uncovered of the old place
+        let (start, end) = if new < old {
+            (old.max(new + bytes), old + bytes)
+        } else {
+            (old, (old + bytes).min(new))
+        };
+        self.scrub(start, end - start);
         true
     }
 

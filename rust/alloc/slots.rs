@@ -228,6 +228,16 @@ impl Pool {
         self.release_slot_unwatched(a, pending, settle)
     }
 
+    /// Zeroes `len` bytes at `va` that were just freed (or moved off), when the pool scrubs
+    /// (`cfg.scrub`): a later owner never sees an earlier one's data.
+    #[inline(always)]
+    pub(super) fn scrub(&self, va: u64, len: u64) {
+        if self.cfg.scrub {
+            let r = self.dev.backend.zero(va, len);
+            debug_assert!(r.is_ok(), "scrub failed: {r:?}");
+        }
+    }
+
     /// `release_slot_into` without telling the step.
     #[inline(always)]
     fn release_slot_unwatched(&mut self, a: u32, pending: Option<&mut Vec<u32>>, settle: Settle) {
@@ -237,10 +247,7 @@ impl Pool {
         if units * 2 >= self.small_units {
             self.last_freed = units; // (`grow.rs`)
         }
-        if self.cfg.scrub {
-            let r = self.dev.backend.zero(ptr, units * GRANULE);
-            debug_assert!(r.is_ok(), "scrub failed: {r:?}");
-        }
+        self.scrub(ptr, units * GRANULE);
         let x = &mut self.allocs[a as usize];
         let member = matches!(x.layout, Layout::Member(_));
         if pending.is_none()

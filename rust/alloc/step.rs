@@ -401,10 +401,8 @@ impl Pool {
             }
             x.generation = x.generation.wrapping_add(1);
             x.state = State::Vacant;
-            if self.cfg.scrub {
-                let r = self.dev.backend.zero(x.ptr, units * GRANULE);
-                debug_assert!(r.is_ok(), "scrub failed: {r:?}");
-            }
+            let ptr = x.ptr;
+            self.scrub(ptr, units * GRANULE);
             return true;
         }
         if s.open {

@@ -53,18 +53,11 @@ impl Pmm {
         self.roots[r as usize].in_eviction = true;
         self.in_eviction += 1;
         let mut chunks = Vec::new();
-        let mut stack = vec![r];
-        while let Some(i) = stack.pop() {
-            let n = &self.nodes[i as usize];
-            match n.state {
-                ChunkState::IsSplit => {
-                    stack.extend((n.first_child..n.first_child + n.num_children()).rev())
-                }
-                ChunkState::Allocated | ChunkState::TempPinned => chunks.push(self.info_of(i)),
-                ChunkState::Free | ChunkState::PmaOwned => {}
-            }
-            if self.nodes[i as usize].state == ChunkState::Free {
-                self.unlink(i);
+        for i in self.leaves(r) {
+            match self.nodes[i as usize].state {
+                s if s.is_allocated() => chunks.push(self.info_of(i)),
+                ChunkState::Free => self.unlink(i),
+                _ => {}
             }
         }
         chunks.sort_by_key(|c| c.addr);

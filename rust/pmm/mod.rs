@@ -141,16 +141,26 @@ impl Pmm {
     pub fn allocated_chunks(&self) -> Vec<ChunkInfo> {
         let mut out = Vec::new();
         for r in 0..self.num_roots() {
-            let mut stack = vec![r];
-            while let Some(i) = stack.pop() {
-                let n = &self.nodes[i as usize];
-                match n.state {
-                    ChunkState::IsSplit => {
-                        stack.extend((n.first_child..n.first_child + n.num_children()).rev())
-                    }
-                    s if s.is_allocated() => out.push(self.info_of(i)),
-                    _ => {}
+            for i in self.leaves(r) {
+                if self.nodes[i as usize].state.is_allocated() {
+                    out.push(self.info_of(i));
                 }
+            }
+        }
+        out
+    }
+
+    /// The chunks under root `r` that are not split (the root itself when it is whole), in
+    /// address order.
+    pub(super) fn leaves(&self, r: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut stack = vec![r];
+        while let Some(i) = stack.pop() {
+            let n = &self.nodes[i as usize];
+            if n.state == ChunkState::IsSplit {
+                stack.extend((n.first_child..n.first_child + n.num_children()).rev());
+            } else {
+                out.push(i);
             }
         }
         out
