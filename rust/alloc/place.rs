@@ -7,6 +7,13 @@ use super::*;
 /// → 404; at 1/8 or 3/16 of a page unet_train 410 (over its 409.9 bound), at 5/16 or more
 /// vit_train stays at 480 (its passed-over heads are 552 KiB); docs/replay.md.
 const RUN_FIRST_HEAD_DIV: u32 = 4;
+/// See `keeps_head`. 4 (the page saved is a quarter of the run or more): with no cap the
+/// mixed churn's windowed allocations 2,369 → 4,280 in 40,000 pairs (117 → 1,758 with the
+/// device reserved) and resnet50_train a page more; at 4 and 6 the churn's as without the
+/// rule, every gain kept; at 3 wav2vec2_ctc_train's is lost, at 8 resnet50_train's page
+/// comes back. (Under pressure too: resnet50_train's smallest capacity 1,358 → 1,372 MiB and
+/// the 1–10 MiB class's 288 → 292.)
+const RUN_FIRST_HEAD_PAGES: u32 = 4;
 
 impl Pool {
     /// A small request: good fit in the heap pages, else a new heap page. With `Reach::Any`
@@ -276,16 +283,20 @@ impl Pool {
         }))
     }
 
-    /// Whether a request that `run_first` would lay over `whole` fresh pages goes over `head`
-    /// (a free page end) and `need` pages instead: in a pool of at least `SMALL_POOL`, when
-    /// the head saves a page and is at least 1/`RUN_FIRST_HEAD_DIV` of one. A head passed
-    /// over stays free until a request fits it; in a training step repeated over the pages
-    /// the first one freed, each tensor passed one, and they add up to the pages the step's
-    /// peak then grows by (docs/replay.md, "Reserve on every trace": vit_train).
+    /// Whether a request that the run-first rule would lay over `whole` fresh pages goes over
+    /// `head` (a free page end) and `need` pages instead: in a pool of at least `SMALL_POOL`,
+    /// not under pressure (where `pick_head_tail` pairs heads and tails already), when the
+    /// head saves a page of a run of at most `RUN_FIRST_HEAD_PAGES` and is at least
+    /// 1/`RUN_FIRST_HEAD_DIV` of a page. A head passed over stays free until a request fits
+    /// it; in a training step repeated over the pages the first one freed, each tensor passed
+    /// one, and they add up to the pages the step's peak then grows by (docs/replay.md,
+    /// "Reserve on every trace": vit_train).
     #[inline]
     fn keeps_head(&self, head: u32, whole: u32, need: u32) -> bool {
         whole > need
+            && whole <= RUN_FIRST_HEAD_PAGES
             && !self.small_pool()
+            && !self.under_pressure()
             && self.len_or_0(head) * RUN_FIRST_HEAD_DIV as u64 >= self.pg as u64
     }
 
