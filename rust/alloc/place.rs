@@ -51,6 +51,11 @@ impl Pool {
             if let Some(l) = self.take_large_block(units, a, false) {
                 return Some(l);
             }
+        } else if !self.small_pool() && reach != Reach::Held {
+            // A larger pool: a free block inside a large segment (`holes.rs`).
+            if let Some(l) = self.take_hole(units, a) {
+                return Some(l);
+            }
         }
         self.reclaim(1);
         if self.ensure_pages(1, reach) {
@@ -478,6 +483,8 @@ impl Pool {
         self.place(units, a, reach)
     }
 }
+
+mod holes;
 
 #[cfg(test)]
 mod grow_tests;
