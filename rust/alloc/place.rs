@@ -489,4 +489,6 @@ mod holes;
 #[cfg(test)]
 mod grow_tests;
 #[cfg(test)]
+mod holes_tests;
+#[cfg(test)]
 mod small_pool_tests;
