@@ -51,11 +51,6 @@ impl Pool {
             if let Some(l) = self.take_large_block(units, a, false) {
                 return Some(l);
             }
-        } else if !self.small_pool() && reach != Reach::Held {
-            // A larger pool: a free block inside a large segment (`holes.rs`).
-            if let Some(l) = self.take_hole(units, a) {
-                return Some(l);
-            }
         }
         self.reclaim(1);
         if self.ensure_pages(1, reach) {
@@ -484,11 +479,7 @@ impl Pool {
     }
 }
 
-mod holes;
-
 #[cfg(test)]
 mod grow_tests;
-#[cfg(test)]
-mod holes_tests;
 #[cfg(test)]
 mod small_pool_tests;
