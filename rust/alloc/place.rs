@@ -29,8 +29,7 @@ impl Pool {
             HEAP_SCAN,
             self.block_len(),
         ) {
-            self.remove_free(b);
-            return Some(Layout::Block(self.carve(b, 0, units, a)));
+            return Some(self.take_free(b, units, a));
         }
         if !self.cache.is_empty() {
             if reach == Reach::Held {
@@ -118,22 +117,20 @@ impl Pool {
         // pages after it are free, the allocation is contiguous: no window, nothing to map).
         // Tail: a free page start that fits it closely, else (NIL) the start of a fresh page.
         let (mut head, mut tail) = self.pick_head_tail(units);
+        let mut need = self.pages_for(units, head, tail);
         // A pool above `SMALL_POOL` about to grow: a free block that crosses a page boundary
         // inside a segment is cut there when its part as the head or tail saves pages.
         if reach != Reach::Held
-            && (self.free_pages.free_units() as u32) < self.pages_for(units, head, tail)
+            && (self.free_pages.free_units() as u32) < need
             && !self.small_pool()
         {
             if let Some(ht) = self.cut_for(units, head, tail) {
                 (head, tail) = ht;
+                need = self.pages_for(units, head, tail);
             }
         }
-        let h = self.len_or_0(head);
-        let rest = units - h;
-        let full = (rest / pg) as u32;
-        let t = (rest % pg) as u32;
+        let t = ((units - self.len_or_0(head)) & (pg - 1)) as u32;
         let fresh_tail = t > 0 && tail == NIL;
-        let mut need = full + fresh_tail as u32;
         // A small pool about to grow: a request below a page takes a free block of a heap
         // page that holds it, and a tail any free page start that holds it (not only one
         // within `tail_slack`; not under pressure, where `pick_head_tail` pairs them). A
@@ -182,8 +179,7 @@ impl Pool {
                         SCAN,
                         self.block_len(),
                     )?;
-                    self.remove_free(b);
-                    return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
+                    return Some(self.take_free(b, units as u32, a));
                 }
                 return None;
             }
@@ -404,9 +400,9 @@ impl Pool {
     /// when there is a remainder) takes from the free pages.
     #[inline]
     fn pages_for(&self, units: u64, head: u32, tail: u32) -> u32 {
+        // (the page size is a power of two: `Pool::new` refuses any other)
         let rest = units - self.len_or_0(head);
-        let pg = self.pg as u64;
-        (rest / pg) as u32 + (rest % pg > 0 && tail == NIL) as u32
+        (rest >> self.gshift) as u32 + (rest & (self.pg as u64 - 1) > 0 && tail == NIL) as u32
     }
 
     /// A large request about to grow the pool, laid out over `head` and `tail`: a free block
@@ -463,6 +459,7 @@ impl Pool {
     }
 
     /// Free block `b` leaves its bin and holds the request from its start.
+    #[inline(always)]
     fn take_free(&mut self, b: u32, units: u32, a: u32) -> Layout {
         self.remove_free(b);
         Layout::Block(self.carve(b, 0, units, a))
