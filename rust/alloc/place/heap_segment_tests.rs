@@ -147,3 +147,43 @@ fn generated_streams_stay_valid_capped_and_released_at_once() {
     }
     assert!(spanned > 0, "no heap segment over two pages");
 }
+
+#[test]
+fn defrag_keeps_heap_segments_over_pages_valid() {
+    let mut p = pool(true, None, false);
+    let mut x = 7u64;
+    let mut next = move |n: u64| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) % n
+    };
+    let (mut live, mut most, mut moved) = (Vec::new(), 0u32, 0);
+    for i in 0..3000 {
+        if live.is_empty() || next(100) < 55 {
+            let size = (64 + next(896)) * KIB;
+            let r = p.alloc(Request {
+                size,
+                movable: true,
+                ..Request::default()
+            });
+            live.push(r.unwrap().0);
+        } else {
+            let i = next(live.len() as u64) as usize;
+            p.free(live.swap_remove(i)).unwrap();
+        }
+        most = most.max(spanning(&p));
+        if i % 250 == 249 {
+            // (checked after it by `PoolConfig::check`) and as its plan says
+            let plan = p.defrag_plan().unwrap();
+            let report = p.defrag().unwrap();
+            assert_eq!(report.moved_allocs, plan.report.moved_allocs);
+            assert_eq!(report.bytes_released, plan.report.bytes_released);
+            moved += report.moved_allocs;
+        }
+    }
+    assert!(
+        most > 1 && moved > 0,
+        "no heap segment over two pages, or nothing moved"
+    );
+}
