@@ -174,6 +174,16 @@ impl Pool {
         b
     }
 
+    /// The kind of the first page of the segment `blk` is in.
+    #[inline]
+    pub(super) fn segment_kind(blk: &Block) -> PageKind {
+        if blk.heap {
+            PageKind::Heap
+        } else {
+            PageKind::Large
+        }
+    }
+
     /// Takes a whole free block (not in any bin) for allocation `a`.
     #[inline]
     pub(super) fn take_whole(&mut self, b: u32, a: u32) {
@@ -245,19 +255,20 @@ impl Pool {
         if u.prev == NIL && u.next == NIL {
             self.drop_block(b);
             self.pages_free(u.page, u.len >> self.gshift);
-        } else if self.eager && settle == Settle::Policy && !u.heap {
+        } else if self.eager && settle == Settle::Policy && (!u.heap || u.len >= self.pg) {
             let _ = self.split_out(b);
         } else if settle != Settle::Unbinned {
             self.insert_free(b);
         }
     }
 
-    /// A free large block (in no bin) gives the whole pages inside it back to the free pages;
-    /// what is left before them stays free at the end of its segment, what is left after them
-    /// starts a new segment. O(1): blocks hold their page, so nothing else moves.
+    /// A free block (in no bin) gives the whole pages inside it back to the free pages; what
+    /// is left before them stays free at the end of its segment, what is left after them
+    /// starts a new segment of its kind (heap or large). O(1): blocks hold their page, so nothing else moves.
     pub(super) fn split_out(&mut self, b: u32) -> Option<Change> {
         let blk = self.blocks[b as usize];
-        debug_assert!(blk.free && !blk.heap);
+        debug_assert!(blk.free);
+        let kind = Self::segment_kind(&blk);
         let pg = self.pg as u64;
         let (g0, g1) = (self.start_of(&blk), self.start_of(&blk) + blk.len as u64);
         let (p0, p1) = (g0.div_ceil(pg), g1 / pg);
@@ -283,7 +294,10 @@ impl Pool {
         // What is after them starts a segment at p1.
         let mut right_block = NIL;
         if right > 0 {
-            let r = Block::free_segment_start(p1, right, blk.next);
+            let r = Block {
+                heap: blk.heap,
+                ..Block::free_segment_start(p1, right, blk.next)
+            };
             let r = if spare != NIL {
                 self.blocks[spare as usize] = r;
                 std::mem::replace(&mut spare, NIL)
@@ -291,12 +305,12 @@ impl Pool {
                 self.new_block(r)
             };
             self.link_to(blk.next, r);
-            self.page_to(p1, PageKind::Large, r);
+            self.page_to(p1, kind, r);
             self.insert_free(r);
             right_block = r;
         } else if blk.next != NIL {
             self.blocks[blk.next as usize].prev = NIL;
-            self.page_to(p1, PageKind::Large, blk.next);
+            self.page_to(p1, kind, blk.next);
         }
         if left > 0 {
             self.insert_free(b);

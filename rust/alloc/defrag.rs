@@ -76,7 +76,8 @@ impl Pool {
                 let first = used.next();
                 first.is_some_and(|b| self.slidable(b)) && used.all(|b| self.slidable(b))
             })
-            .count() as u64
+            .map(|p| self.segment_pages(p) as u64)
+            .sum()
     }
 
     /// `defrag`'s moves: large segments and heap pages compacted (`compact_pages`), which
@@ -393,7 +394,7 @@ impl Pool {
                 }
                 let blk = self.blocks[nb as usize];
                 if blk.heap {
-                    received.insert(blk.page);
+                    received.insert(self.segment_first_page(nb));
                 }
                 let old = self.allocs[a as usize].ptr;
                 let new = self.direct_addr(blk.page, blk.off);

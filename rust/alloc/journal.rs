@@ -61,7 +61,7 @@ impl Pool {
                     if orig.prev != NIL {
                         self.blocks[orig.prev as usize].next = b;
                     } else {
-                        self.page_to(orig.page, PageKind::Large, b);
+                        self.page_to(orig.page, Self::segment_kind(&orig), b);
                     }
                     self.link_to(orig.next, b);
                     if right != NIL || orig.next != NIL {

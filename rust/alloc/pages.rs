@@ -172,25 +172,32 @@ impl Pool {
         ((self.start_of(blk) + blk.len as u64) >> self.gshift) as u32
     }
 
-    /// Gives whole free pages inside large segments back to the free pages, from the largest
-    /// free blocks down, until `want` pages are free or none are left. Called before the pool
+    /// Gives whole free pages inside large segments, then inside heap segments (which span
+    /// pages once `extend_heap` ran one on), back to the free pages, from the largest free
+    /// blocks down, until `want` pages are free or none are left. Called before the pool
     /// would grow (or fail) for pages, and before pages are given back to the device.
     pub(super) fn reclaim(&mut self, want: u64) {
-        if self.free_pages.free_units() >= want || self.primary[LARGE].is_empty() {
+        self.reclaim_in(want, LARGE);
+        self.reclaim_in(want, HEAP);
+    }
+
+    /// `reclaim` from the free blocks of `primary[which]`.
+    fn reclaim_in(&mut self, want: u64, which: usize) {
+        if self.free_pages.free_units() >= want || self.primary[which].is_empty() {
             return;
         }
         let lowest = bin_of(self.pg);
         let mut top = NUM_BINS - 1;
         while self.free_pages.free_units() < want {
             // the next non-empty bin down (the bitmap skips the empty ones)
-            let Some(bin) = self.primary[LARGE]
+            let Some(bin) = self.primary[which]
                 .last_at_or_below(top)
                 .filter(|&b| b >= lowest)
             else {
                 break;
             };
             top = bin - 1; // bin >= lowest >= 1
-            let items: SmallVec<[u32; 16]> = self.primary[LARGE]
+            let items: SmallVec<[u32; 16]> = self.primary[which]
                 .iter(&BlockLinksRef(&self.blocks), bin)
                 .collect();
             for b in items {
@@ -283,6 +290,22 @@ impl Pool {
             .filter(|b| self.holds(b))
             .map(|b| b.len)
             .sum()
+    }
+
+    /// Pages of the segment (heap or large) whose first page is `p` (a walk of its blocks).
+    pub(super) fn segment_pages(&self, p: u32) -> u32 {
+        self.page_blocks(p)
+            .map(|b| self.blocks[b as usize].len)
+            .sum::<u32>()
+            >> self.gshift
+    }
+
+    /// The first page of the segment block `b` is in (a walk back over its blocks).
+    pub(super) fn segment_first_page(&self, mut b: u32) -> u32 {
+        while self.blocks[b as usize].prev != NIL {
+            b = self.blocks[b as usize].prev;
+        }
+        self.blocks[b as usize].page
     }
 
     pub(super) fn page_blocks(&self, p: u32) -> impl Iterator<Item = u32> + '_ {

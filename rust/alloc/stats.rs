@@ -201,13 +201,22 @@ impl Pool {
             ..PoolStats::default()
         };
         s.pages_free = self.free_pages.free_units();
+        // (the covered pages of the heap segment last seen that are still to come)
+        let mut heap_covered = 0u32;
         for (p, &kind) in self.pages.iter().enumerate() {
             match kind {
                 PageKind::Absent => {}
                 PageKind::Owned => s.pages_full += 1,
                 PageKind::Heap => {
+                    let n = self.segment_pages(p as u32);
                     s.pages_heap += 1;
-                    s.heap_free_bytes += (self.pg - self.page_used(p as u32)) as u64 * GRANULE;
+                    heap_covered = n - 1;
+                    let free = (n << self.gshift) - self.page_used(p as u32);
+                    s.heap_free_bytes += free as u64 * GRANULE;
+                }
+                PageKind::Covered if heap_covered > 0 => {
+                    heap_covered -= 1;
+                    s.pages_heap += 1;
                 }
                 PageKind::Large | PageKind::Covered => s.pages_large += 1,
             }
@@ -229,7 +238,12 @@ impl Pool {
             if blk.page != NIL && !self.holds(blk) {
                 let len = blk.len as u64 * GRANULE;
                 block = block.max(len);
-                if !blk.heap {
+                if blk.heap {
+                    // whole free pages of a heap segment go back as a large segment's do
+                    let g0 = self.start_of(blk);
+                    let (p0, p1) = (g0.div_ceil(pg), (g0 + blk.len as u64) / pg);
+                    inner += p1.saturating_sub(p0);
+                } else {
                     s.large_free_bytes += len;
                     let g0 = self.start_of(blk);
                     let g1 = g0 + blk.len as u64;

@@ -123,8 +123,8 @@ pub(super) struct Block {
     /// The page the block starts in, and its offset there in granules.
     pub(super) page: u32,
     pub(super) off: u32,
-    /// Length in granules: within the page for a heap block; a large block may run on into
-    /// the next pages of its segment.
+    /// Length in granules; a block may run on into the next pages of its segment (a heap
+    /// segment spans pages once `extend_heap` ran it on).
     pub(super) len: u32,
     /// Neighbours in the page or segment (NIL at its ends).
     pub(super) prev: u32,

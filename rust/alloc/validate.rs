@@ -240,11 +240,7 @@ impl Pool {
                         g += blk.len as u64;
                     }
                     let n = (g - base) / pg;
-                    if (g - base) % pg != 0
-                        || n == 0
-                        || (kind == PageKind::Heap && n != 1)
-                        || p as u64 + n > self.pages.len() as u64
-                    {
+                    if (g - base) % pg != 0 || n == 0 || p as u64 + n > self.pages.len() as u64 {
                         return Err(format!(
                             "blocks of page {p} cover {} granules (pages of {pg})",
                             g - base
@@ -294,7 +290,7 @@ impl Pool {
                     {
                         return Err(format!("block {i} wrongly binned: {blk:?}"));
                     }
-                    let heap = self.pages[blk.page as usize] == PageKind::Heap;
+                    let heap = blk.heap; // checked against its segment's kind above
                     if want_heap.is_some_and(|w| w != heap) {
                         return Err(format!("block {i} in the bins of the other page kind"));
                     }
