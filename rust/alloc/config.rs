@@ -95,12 +95,12 @@ pub(super) const COMPACT_PASSES: usize = 8;
 /// How many batch records (see `Pool::batches`) wait outside the pointer index at most.
 pub(super) const BATCH_RECORDS: usize = 64;
 
-/// Indexes of `Pool::primary` and `Pool::secondary` (see there).
 /// See `extend_heap`: the last free block a heap segment runs on from holds at least a
 /// quarter of the request (over any free last block: the KV cache class's peak 24 → 26 MiB,
 /// the three streams' 184 → 186; a half: the interleaved class 186, convnext_train 308; an
 /// eighth: the small trace 32 → 34 and gpt2_decode 36 → 38, both over their bound).
 pub(super) const HEAP_EXTEND_DIV: u32 = 4;
+/// Indexes of `Pool::primary` and `Pool::secondary` (see there).
 pub(super) const LARGE: usize = 0;
 pub(super) const HEAP: usize = 1;
 pub(super) const SUFFIX: usize = 1;
