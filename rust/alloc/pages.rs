@@ -285,19 +285,26 @@ impl Pool {
 
     /// Granules in used blocks of a heap or large page (a walk: for defrag and statistics).
     pub(super) fn page_used(&self, p: u32) -> u32 {
-        self.page_blocks(p)
-            .map(|b| &self.blocks[b as usize])
-            .filter(|b| self.holds(b))
-            .map(|b| b.len)
-            .sum()
+        self.segment_usage(p).1
     }
 
     /// Pages of the segment (heap or large) whose first page is `p` (a walk of its blocks).
     pub(super) fn segment_pages(&self, p: u32) -> u32 {
-        self.page_blocks(p)
-            .map(|b| self.blocks[b as usize].len)
-            .sum::<u32>()
-            >> self.gshift
+        self.segment_usage(p).0
+    }
+
+    /// The pages of the segment whose first page is `p` and the granules its used blocks
+    /// hold, in one walk of its blocks.
+    pub(super) fn segment_usage(&self, p: u32) -> (u32, u32) {
+        let (mut len, mut used) = (0u32, 0u32);
+        for b in self.page_blocks(p) {
+            let blk = &self.blocks[b as usize];
+            len += blk.len;
+            if self.holds(blk) {
+                used += blk.len;
+            }
+        }
+        (len >> self.gshift, used)
     }
 
     /// The first page of the segment block `b` is in (a walk back over its blocks).

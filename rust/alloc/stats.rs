@@ -208,10 +208,10 @@ impl Pool {
                 PageKind::Absent => {}
                 PageKind::Owned => s.pages_full += 1,
                 PageKind::Heap => {
-                    let n = self.segment_pages(p as u32);
+                    let (n, used) = self.segment_usage(p as u32);
                     s.pages_heap += 1;
                     heap_covered = n - 1;
-                    let free = (n << self.gshift) - self.page_used(p as u32);
+                    let free = (n << self.gshift) - used;
                     s.heap_free_bytes += free as u64 * GRANULE;
                 }
                 PageKind::Covered if heap_covered > 0 => {
@@ -238,16 +238,14 @@ impl Pool {
             if blk.page != NIL && !self.holds(blk) {
                 let len = blk.len as u64 * GRANULE;
                 block = block.max(len);
+                let g0 = self.start_of(blk);
+                let g1 = g0 + blk.len as u64;
+                let (p0, p1) = (g0.div_ceil(pg), g1 / pg);
                 if blk.heap {
                     // whole free pages of a heap segment go back as a large segment's do
-                    let g0 = self.start_of(blk);
-                    let (p0, p1) = (g0.div_ceil(pg), (g0 + blk.len as u64) / pg);
                     inner += p1.saturating_sub(p0);
                 } else {
                     s.large_free_bytes += len;
-                    let g0 = self.start_of(blk);
-                    let g1 = g0 + blk.len as u64;
-                    let (p0, p1) = (g0.div_ceil(pg), g1 / pg);
                     if p1 > p0 {
                         inner += p1 - p0;
                         head = head.max((p0 * pg - g0) * GRANULE);
