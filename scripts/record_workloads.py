@@ -339,6 +339,61 @@ def distilbert_serve() -> Step:
     return step
 
 
+def lstm_lm_train() -> Step:
+    """A recurrent language model (not a transformer): ``torch.nn`` embedding 10000 × 256, a
+    2-layer LSTM of hidden 512, a linear head, batch 16 × 64 tokens, cross-entropy, AdamW."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({
+        "emb": torch.nn.Embedding(10000, 256),
+        "lstm": torch.nn.LSTM(256, 512, num_layers=2, batch_first=True),
+        "head": torch.nn.Linear(512, 10000),
+    })
+    ids = torch.randint(0, 10000, (16, 65))
+
+    def loss():
+        out, _ = model["lstm"](model["emb"](ids[:, :-1]))
+        logits = model["head"](out)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 10000), ids[:, 1:].reshape(-1))
+
+    return _adamw_step(model, loss)
+
+
+def swin_train() -> Step:
+    """Shifted-window attention: transformers' Swin (the default SwinConfig: embedding 96,
+    stages of 2, 2, 6, 2 blocks, windows of 7, 224²) with a 10-class head, batch 2, AdamW."""
+    import torch
+    from transformers import SwinConfig, SwinForImageClassification
+
+    torch.manual_seed(0)
+    model = SwinForImageClassification(SwinConfig(num_labels=10))
+    pixels = torch.randn(2, 3, 224, 224)
+    labels = torch.randint(0, 10, (2,))
+    return _adamw_step(model, lambda: model(pixel_values=pixels, labels=labels).loss)
+
+
+def resnet_serve_varres() -> Step:
+    """Inference on images of varying resolution, as a detection or serving front end sees
+    them: transformers' ResNet (the default ResNetConfig: ResNet-50's stages) under
+    ``torch.inference_mode``, 6 batches of (2, 224²), (1, 320²), (4, 160²), (3, 256²),
+    (1, 384²), (2, 192²)."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    model = ResNetForImageClassification(ResNetConfig(num_labels=10)).eval()
+    batches = [torch.randn(b, 3, r, r)
+               for b, r in ((2, 224), (1, 320), (4, 160), (3, 256), (1, 384), (2, 192))]
+
+    def step() -> None:
+        with torch.inference_mode():
+            for x in batches:
+                assert model(pixel_values=x).logits.shape == (x.shape[0], 10)
+
+    return step
+
+
 # Decoding and T5 come first: they are the ones the replay's crash reproductions need.
 WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
     Workload("gpt2_decode", "GPT-2 small, greedy generate, KV cache", gpt2_decode, 1, 1),
@@ -358,6 +413,11 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
     Workload("vae_train", "diffusers AutoencoderKL, MSE + KL, AdamW", vae_train, 1, 2),
     Workload("distilbert_serve", "DistilBERT inference, 8 batches of varying size and length",
              distilbert_serve, 1, 1),
+    Workload("lstm_lm_train", "2-layer LSTM language model, 16 x 64 tokens, AdamW",
+             lstm_lm_train, 1, 2),
+    Workload("swin_train", "Swin-tiny, 224 x 224, AdamW", swin_train, 1, 2),
+    Workload("resnet_serve_varres", "ResNet-50 inference, 6 batches of varying resolution",
+             resnet_serve_varres, 1, 1),
 ]}
 
 
