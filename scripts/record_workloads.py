@@ -69,6 +69,16 @@ def _adamw_step(model, loss_of: Callable[[], "object"]) -> Step:
     return step
 
 
+def _image_classifier_step(model, batch: int, side: int) -> Step:
+    """An AdamW training step of an image classifier with 10 classes on ``batch`` random
+    ``side`` × ``side`` RGB images."""
+    import torch
+
+    pixels = torch.randn(batch, 3, side, side)
+    labels = torch.randint(0, 10, (batch,))
+    return _adamw_step(model, lambda: model(pixel_values=pixels, labels=labels).loss)
+
+
 def _generate_step(model, vocab: int, batch: int, prompt: int, new: int) -> Step:
     """Greedy ``generate`` of ``new`` tokens after a random ``prompt``-token prompt, with the
     KV cache (``past_key_values`` grows by one position a token)."""
@@ -134,10 +144,7 @@ def vit_train() -> Step:
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(0)
-    model = ViTForImageClassification(ViTConfig(num_labels=10))
-    pixels = torch.randn(4, 3, 224, 224)
-    labels = torch.randint(0, 10, (4,))
-    return _adamw_step(model, lambda: model(pixel_values=pixels, labels=labels).loss)
+    return _image_classifier_step(ViTForImageClassification(ViTConfig(num_labels=10)), 4, 224)
 
 
 def unet_train() -> Step:
@@ -256,9 +263,7 @@ def convnext_train() -> Step:
 
     torch.manual_seed(0)
     model = ConvNextForImageClassification(ConvNextConfig(num_labels=10, image_size=160))
-    pixels = torch.randn(4, 3, 160, 160)
-    labels = torch.randint(0, 10, (4,))
-    return _adamw_step(model, lambda: model(pixel_values=pixels, labels=labels).loss)
+    return _image_classifier_step(model, 4, 160)
 
 
 def bert_mlm_varlen() -> Step:
@@ -367,10 +372,7 @@ def swin_train() -> Step:
     from transformers import SwinConfig, SwinForImageClassification
 
     torch.manual_seed(0)
-    model = SwinForImageClassification(SwinConfig(num_labels=10))
-    pixels = torch.randn(2, 3, 224, 224)
-    labels = torch.randint(0, 10, (2,))
-    return _adamw_step(model, lambda: model(pixel_values=pixels, labels=labels).loss)
+    return _image_classifier_step(SwinForImageClassification(SwinConfig(num_labels=10)), 2, 224)
 
 
 def resnet_serve_varres() -> Step:
