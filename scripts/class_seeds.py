@@ -2,7 +2,7 @@
 tests/test_reserve_classes.py over several seeds, and the sum over them.
 
 One seed is not enough to rank two placement rules: on the interleaved class a change of
-fit moves a seed's peak by a page either way (docs/replay.md, "Heap pages"). The sum over
+fit moves a seed's peak by a page either way (docs/reserve.md, "Heap pages"). The sum over
 the class's own seed and seeds 10-17 tells a rule that saves memory on the class from one
 that happens to save a page on its seed.
 

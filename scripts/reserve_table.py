@@ -8,7 +8,7 @@ and the best other model, with whether issue 27's targets hold:
 - ``cap``: its smallest capacity <= 1.02 x peak live + 8 MiB.
 
 Run: ``python scripts/reserve_table.py [--classes-only | --corpus-only] [-j N] [FILE ...]``;
-``--markdown`` prints docs/replay.md's "Reserve on every trace" table instead (every model,
+``--markdown`` prints docs/reserve.md's table instead (every model,
 with its smallest capacity in MiB)
 (from the repository root, in the venv). Each trace is replayed as ``gpumm replay FILE
 --json -`` does it (``replay(t, capacity=max(80 GiB, 2 x peak live))``); the figures are
@@ -61,7 +61,7 @@ def _size(n: int) -> str:
 
 
 def markdown_rows(path: str) -> List[str]:
-    """docs/replay.md's rows of one corpus file, one a device."""
+    """docs/reserve.md's rows of one corpus file, one a device."""
     from corpus import label
     from gpumm.replay import replay
     from gpumm.traces import read_traces
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--classes-only", action="store_true")
     ap.add_argument("--corpus-only", action="store_true")
     ap.add_argument("-j", type=int, default=2, help="processes (default 2)")
-    ap.add_argument("--markdown", action="store_true", help="docs/replay.md's table")
+    ap.add_argument("--markdown", action="store_true", help="docs/reserve.md's table")
     args = ap.parse_args()
     from corpus import ALL, STATE_ONLY, label
     import test_reserve_classes as c

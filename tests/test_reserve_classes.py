@@ -132,7 +132,7 @@ CLASSES: Dict[str, Callable[[], Events]] = {
 OPEN: Dict[str, str] = {
     "interleaved": "1.067 x 170.6 MiB; caching 1.055, cupy 1.081",
     "streams": "1.095 x 168.1 MiB, over 1.02 x + 4 MiB (the best of the others: 1.283): "
-               "page ends of mid-size tensors and half-empty heap pages (docs/replay.md)",
+               "page ends of mid-size tensors and half-empty heap pages (docs/reserve.md)",
 }
 
 

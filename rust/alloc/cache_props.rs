@@ -88,7 +88,7 @@ proptest! {
     /// --release --lib cache_props::tally -- --ignored --nocapture`). A cache that never
     /// places otherwise than the uncached pool holds nothing back, and then the merges it
     /// skips, which are what it saves memory with on vit_train and resnet50_train, go too
-    /// (docs/replay.md, "The size cache is not free of cost"). Run it with `--ignored` to
+    /// (docs/reserve.md, "The size cache is not free of cost"). Run it with `--ignored` to
     /// get a shrunk stream.
     #[test]
     #[ignore = "open: the cache's layout parts from the uncached pool's (issue 27)"]

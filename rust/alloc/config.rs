@@ -40,7 +40,7 @@ pub(super) const LARGE_SCAN: usize = 1;
 /// 30 → 28, interleaved 186 → 184, no corpus trace over 128 MiB changed but vit_train
 /// 480 → 482 (its first steps are below it); ungated, forward_bf16's smallest capacity
 /// 760 → 768 MiB and t5_train 660 → 664 (over `buddy`'s 662); at 48, 64 or 96 MiB the same
-/// or worse (docs/replay.md, "Reserve on every trace").
+/// or worse (docs/reserve.md, "Reserve on every trace").
 pub(super) const SMALL_POOL: u64 = 128 << 20;
 /// How many free blocks of large segments a large request about to grow the pool looks at
 /// for one that crosses a page boundary (`Pool::cut_for`), from the longest bins down: 256
@@ -49,7 +49,7 @@ pub(super) const STRADDLE_SCAN: usize = 64;
 /// A pool above `SMALL_POOL` about to grow for a fresh tail page takes a free page start
 /// that holds the tail instead when it leaves at most 1/`GROW_TAIL_DIV` of a page of it
 /// (512 KiB at 2 MiB pages; `tail_slack`, 128 KiB, otherwise). Measured over the corpus and
-/// the classes (docs/replay.md, "Reserve on every trace"): at 384–512 KiB no trace or class
+/// the classes (docs/reserve.md, "Reserve on every trace"): at 384–512 KiB no trace or class
 /// reserves more and mid_size meets its bound (292 → 290 MiB); 576 KiB raised mid_size's
 /// smallest capacity 288 → 292, 640 KiB qwen3's device 2 by 2 MiB, any length (what a small
 /// pool takes) resnet50's smallest capacity 1,358 → 1,372.

@@ -9,7 +9,7 @@
 //! back to back in allocation order, which is the order they are freed in: the live ones are
 //! a sliding window, the pages behind it come wholly free (and are reclaimed for the next
 //! tails), and what is left free is the two partly used pages at the window's ends.
-//! docs/replay.md ("Reserve on every trace", "Grown buffers") has the measurements behind
+//! docs/reserve.md ("Reserve on every trace", "Grown buffers") has the measurements behind
 //! `GROWN_DIV` and the free-side threshold (`last_freed`).
 
 use super::*;

@@ -5,7 +5,7 @@ use super::*;
 
 /// See `keeps_head`. 4 (a quarter page, 512 KiB): vit_train 480 → 470 MiB, unet_train 408
 /// → 404; at 1/8 or 3/16 of a page unet_train 410 (over its 409.9 bound), at 5/16 or more
-/// vit_train stays at 480 (its passed-over heads are 552 KiB); docs/replay.md.
+/// vit_train stays at 480 (its passed-over heads are 552 KiB); docs/reserve.md.
 const RUN_FIRST_HEAD_DIV: u32 = 4;
 /// See `keeps_head`. 4 (the page saved is a quarter of the run or more): with no cap the
 /// mixed churn's windowed allocations 2,369 → 4,280 in 40,000 pairs (117 → 1,758 with the
@@ -21,7 +21,7 @@ impl Pool {
     /// (on the way to out of memory): a free block of a large page will do too. Before it takes a page,
     /// the size cache's blocks of small sizes go back, merged, and it looks again: a page is
     /// taken only for what the heap pages cannot hold with no small block cached (without this, gpt2_decode's peak
-    /// reserve was 1.689 x its peak live, with it 1.622 x; docs/replay.md).
+    /// reserve was 1.689 x its peak live, with it 1.622 x; docs/reserve.md).
     #[inline]
     pub(super) fn place_small(&mut self, units: u32, a: u32, reach: Reach) -> Option<Layout> {
         if let Some(b) = self.primary[HEAP].find_fit(
@@ -53,7 +53,7 @@ impl Pool {
         // A small pool about to take a page: any free block that holds the request first,
         // the best of its own heap bin (which `HEAP_SCAN` skips), else one of a large segment
         // (the good fit even under pressure: the best fit there held llama_decode's smallest
-        // capacity at 16 MiB, the good fit 14; docs/replay.md).
+        // capacity at 16 MiB, the good fit 14; docs/reserve.md).
         if self.small_pool() && self.free_pages.free_units() == 0 {
             let links = BlockLinksRef(&self.blocks);
             let own = self.primary[HEAP].find_best(&links, units, GROW_SCAN, self.block_len());
@@ -89,7 +89,7 @@ impl Pool {
     /// may fit). Its whole free pages go back as a large segment's do (`reclaim`). The
     /// interleaved class 184 → 182 MiB, convnext_train 308 → 304; extending while the pool
     /// holds free pages, or over any last free block, cost the three streams and the KV
-    /// cache class a page (docs/replay.md, "Heap pages").
+    /// cache class a page (docs/reserve.md, "Heap pages").
     fn extend_heap(&mut self, p: u32, units: u32, a: u32) -> Option<Layout> {
         let mut q = p.checked_sub(1)?;
         while self.pages[q as usize] == PageKind::Covered {
@@ -169,7 +169,7 @@ impl Pool {
         // page that holds it, and a tail any free page start that holds it (not only one
         // within `tail_slack`; not under pressure, where `pick_head_tail` pairs them). A
         // larger pool about to grow: a free page start that the tail leaves at most
-        // 1/`GROW_TAIL_DIV` of a page of (docs/replay.md, "Reserve on every trace").
+        // 1/`GROW_TAIL_DIV` of a page of (docs/reserve.md, "Reserve on every trace").
         let grows = (self.free_pages.free_units() as u32) < need;
         let small = grows && self.small_pool();
         if small && units < pg {
@@ -319,7 +319,7 @@ impl Pool {
     /// head saves a page of a run of at most `RUN_FIRST_HEAD_PAGES` and is at least
     /// 1/`RUN_FIRST_HEAD_DIV` of a page. A head passed over stays free until a request fits
     /// it; in a training step repeated over the pages the first one freed, each tensor passed
-    /// one, and they add up to the pages the step's peak then grows by (docs/replay.md,
+    /// one, and they add up to the pages the step's peak then grows by (docs/reserve.md,
     /// "Reserve on every trace": vit_train).
     #[inline]
     fn keeps_head(&self, head: u32, whole: u32, need: u32) -> bool {
@@ -446,7 +446,7 @@ impl Pool {
     /// page start that holds it, its own part after the boundary included) or whose part
     /// after it as the tail needs the fewest pages is cut at the boundary (`cut_at_page`),
     /// when that is fewer than the layout found: the new (head, tail). Measured in
-    /// docs/replay.md ("Reserve on every trace"): vit_train's smallest capacity 486 → 480
+    /// docs/reserve.md ("Reserve on every trace"): vit_train's smallest capacity 486 → 480
     /// MiB, unet_train 410 → 408.
     #[cold]
     #[inline(never)]

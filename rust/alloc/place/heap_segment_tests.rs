@@ -1,6 +1,6 @@
 //! A pool that grows by a page for a small request runs the heap segment before that page
 //! on over it (`extend_heap`), and a heap segment's whole free pages go back (`reclaim`).
-//! Each test fails without its rule (docs/replay.md, "Heap pages").
+//! Each test fails without its rule (docs/reserve.md, "Heap pages").
 
 use super::super::tests::{device, MIB};
 use super::*;

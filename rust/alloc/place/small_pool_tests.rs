@@ -1,5 +1,5 @@
 //! A small pool (under `SMALL_POOL`) never grows while a free block it holds can serve
-//! the request (issue 27's small traces: docs/replay.md, "Reserve on every trace").
+//! the request (issue 27's small traces: docs/reserve.md, "Reserve on every trace").
 
 use super::super::tests::{device, MIB};
 use super::*;
