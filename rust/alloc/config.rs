@@ -67,6 +67,8 @@ pub(super) const GROW_SCAN: usize = 64;
 /// and smallest capacity unchanged (benches/RESULTS.md; 16 or 64 heads
 /// instead of 4 needed two more pages for resnet50 at its smallest capacity). Not with room
 /// to spare: pairing on every stitched request cost the mixed churn 5 ns a pair.
+/// (A request that even the pool under pressure refuses has a last resort of its own, which
+/// no other request reaches: `pressure.rs`, `Pool::place_last_resort`.)
 pub(super) const PRESSURE_DIV: u64 = 8;
 pub(super) const BEST_SCAN: usize = 4;
 pub(super) const TAIL_SCAN: usize = 16;

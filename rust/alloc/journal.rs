@@ -97,6 +97,7 @@ impl Pool {
                     self.unindex(x.ptr);
                     self.release_slot_into(a, None, Settle::Exact);
                 }
+                Change::Retype { p } => self.retype(p, true),
                 Change::Begin { counters } => {
                     let (failures, calls) = (self.counters.failures, self.counters.calls);
                     self.counters = *counters;

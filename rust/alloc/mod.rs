@@ -65,6 +65,7 @@ mod journal;
 mod ops;
 mod pages;
 mod place;
+mod pressure;
 mod ptrindex;
 mod ptrmap;
 pub(crate) mod runs;
@@ -197,6 +198,11 @@ pub struct Pool {
     frontier: u32,
     /// The length in granules of the last large allocation freed (`grow.rs`).
     last_freed: u64,
+    /// A request is being placed by `place_last_resort` (see there).
+    last_resort: bool,
+    /// The last resort's rules (`pressure::LAST_LAYOUT`, `pressure::LAST_HEAP_ENDS`): all in
+    /// every pool, fewer in tests.
+    last_resort_rules: u8,
 }
 
 fn invalid_size(msg: String) -> Error {
@@ -298,6 +304,8 @@ impl Pool {
             steps: step::Steps::default(),
             frontier: NIL,
             last_freed: 0,
+            last_resort: false,
+            last_resort_rules: pressure::LAST_LAYOUT | pressure::LAST_HEAP_ENDS,
             cfg,
             dev,
         };

@@ -155,7 +155,10 @@ impl Pool {
                     self.undo_to(mark);
                     self.defrag_inner(Copying::Bytes);
                 }
-                match self.place(units, a, Reach::Any) {
+                let placed = self
+                    .place(units, a, Reach::Any)
+                    .or_else(|| self.place_last_resort(units, a, ask.batch));
+                match placed {
                     Some(l) => l,
                     None => {
                         self.vacant_allocs.push(a);

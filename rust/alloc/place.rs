@@ -152,11 +152,12 @@ impl Pool {
         // Tail: a free page start that fits it closely, else (NIL) the start of a fresh page.
         let (mut head, mut tail) = self.pick_head_tail(units);
         let mut need = self.pages_for(units, head, tail);
-        // A pool above `SMALL_POOL` about to grow: a free block that crosses a page boundary
-        // inside a segment is cut there when its part as the head or tail saves pages.
+        // A pool above `SMALL_POOL` about to grow (any pool at the last resort): a free block
+        // that crosses a page boundary inside a segment is cut there when its part as the
+        // head or tail saves pages.
         if reach != Reach::Held
             && (self.free_pages.free_units() as u32) < need
-            && !self.small_pool()
+            && (!self.small_pool() || self.last_resort)
         {
             if let Some(ht) = self.cut_for(units, head, tail) {
                 (head, tail) = ht;
@@ -369,7 +370,8 @@ impl Pool {
             prefix.find_fit(&self.sec_links, t, SCAN, self.block_len())
         };
         match b {
-            Some(b) if self.blocks[b as usize].len - t <= self.slack_units => {
+            // (at the last resort any free page start that holds the tail will do)
+            Some(b) if self.blocks[b as usize].len - t <= self.slack_units || self.last_resort => {
                 ((self.blocks[b as usize].len - t) as u64, b)
             }
             _ => (u64::MAX, NIL),
@@ -389,6 +391,9 @@ impl Pool {
             return (head, tail);
         }
         let mut best_head = head;
+        if self.last_resort {
+            return self.pair_fewest_pages(units, head, tail, waste);
+        }
         let n = units.min(u32::MAX as u64) as u32;
         let suffix = &self.secondary[SUFFIX];
         let mut left = PAIR_SCAN;
@@ -433,7 +438,7 @@ impl Pool {
     /// The pages a layout of `units` over head `head` and tail `tail` (NIL: a fresh page
     /// when there is a remainder) takes from the free pages.
     #[inline]
-    fn pages_for(&self, units: u64, head: u32, tail: u32) -> u32 {
+    pub(super) fn pages_for(&self, units: u64, head: u32, tail: u32) -> u32 {
         // (the page size is a power of two: `Pool::new` refuses any other)
         let rest = units - self.len_or_0(head);
         (rest >> self.gshift) as u32 + (rest & (self.pg as u64 - 1) > 0 && tail == NIL) as u32

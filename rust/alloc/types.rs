@@ -320,6 +320,8 @@ pub(super) enum Change {
     Made { a: u32 },
     /// A batch began, with these counters.
     Begin { counters: Box<Counters> },
+    /// The heap segment whose first page is `p` became a large one (`place_over_heap_ends`).
+    Retype { p: u32 },
 }
 
 /// One allocation slot: 64 bytes, one cache line (the rounded size is not stored: it is
