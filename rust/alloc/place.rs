@@ -386,14 +386,33 @@ impl Pool {
     pub(super) fn pick_head_tail(&self, units: u64) -> (u32, u32) {
         let head = self.pick_head(units);
         let pressure = self.under_pressure();
-        let (mut waste, mut tail) = self.tail_for(units, self.len_or_0(head), pressure);
+        let (waste, tail) = self.tail_for(units, self.len_or_0(head), pressure);
         if waste == 0 || !pressure {
             return (head, tail);
         }
-        let mut best_head = head;
         if self.last_resort {
             return self.pair_fewest_pages(units, head, tail, waste);
         }
+        let mut best = (waste, tail, head);
+        self.walk_heads(units, head, |c, w, tl| {
+            if w < best.0 {
+                best = (w, tl, c);
+            }
+            best.0 == 0
+        });
+        (best.2, best.1)
+    }
+
+    /// The free page ends other than `head` that a request of `units` can use whole, from
+    /// the largest down, at most `PAIR_SCAN` of them: `visit(end, waste, tail)` with the tail
+    /// that fits after each and what it leaves unused of its page start; the walk stops when
+    /// `visit` says so.
+    pub(super) fn walk_heads(
+        &self,
+        units: u64,
+        head: u32,
+        mut visit: impl FnMut(u32, u64, u32) -> bool,
+    ) {
         let n = units.min(u32::MAX as u64) as u32;
         let suffix = &self.secondary[SUFFIX];
         let mut left = PAIR_SCAN;
@@ -408,11 +427,8 @@ impl Pool {
                 }
                 left -= 1;
                 let (w, tl) = self.tail_for(units, self.len_or_0(c), true);
-                if w < waste {
-                    (waste, tail, best_head) = (w, tl, c);
-                    if w == 0 {
-                        break 'bins;
-                    }
+                if visit(c, w, tl) {
+                    break 'bins;
                 }
             }
             if bin == 0 {
@@ -420,7 +436,6 @@ impl Pool {
             }
             top = bin - 1;
         }
-        (best_head, tail)
     }
 
     /// See `place_large`: the largest free page end of at most `units`, near enough (looks

@@ -119,30 +119,13 @@ impl Pool {
         waste: u64,
     ) -> (u32, u32) {
         let mut best = (self.pages_for(units, head, tail), waste, head, tail);
-        let n = units.min(u32::MAX as u64) as u32;
-        let suffix = &self.secondary[SUFFIX];
-        let mut left = PAIR_SCAN;
-        let mut top = bin_of(n);
-        'bins: while let Some(bin) = suffix.last_at_or_below(top) {
-            for c in suffix.iter(&self.sec_links, bin) {
-                if left == 0 {
-                    break 'bins;
-                }
-                if c == head || self.blocks[c as usize].len > n {
-                    continue;
-                }
-                left -= 1;
-                let (w, tl) = self.tail_for(units, self.len_or_0(c), true);
-                let k = (self.pages_for(units, c, tl), w, c, tl);
-                if (k.0, k.1) < (best.0, best.1) {
-                    best = k;
-                }
+        self.walk_heads(units, head, |c, w, tl| {
+            let k = (self.pages_for(units, c, tl), w, c, tl);
+            if (k.0, k.1) < (best.0, best.1) {
+                best = k;
             }
-            if bin == 0 {
-                break;
-            }
-            top = bin - 1;
-        }
+            false
+        });
         (best.2, best.3)
     }
 
