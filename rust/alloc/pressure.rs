@@ -39,6 +39,11 @@ impl Pool {
             l = self.place_over_heap_ends(units, a);
         }
         self.last_resort = false;
+        #[cfg(test)]
+        stress::LAST_RESORTS.with(|c| {
+            let (ran, placed) = c.get();
+            c.set((ran + 1, placed + l.is_some() as u64));
+        });
         l
     }
 
@@ -161,5 +166,7 @@ impl Pool {
     }
 }
 
+#[cfg(test)]
+mod stress;
 #[cfg(test)]
 mod tests;
