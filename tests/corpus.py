@@ -81,4 +81,7 @@ RESERVE_OPEN: Dict[str, str] = {
     "recorded/convnext_train.csv.gz": "1.036 x peak live (304 MiB; the bound 303.2)",
     "recorded/wav2vec2_ctc_train.csv.gz": "1.107 x peak live (230 MiB; the bound 216.0)",
     "recorded/swin_train.csv.gz": "1.085 x peak live (276 MiB; the bound 263.6)",
+    "recorded/mamba_train.csv.gz": "1.0335 x peak live (306 MiB; the bound 306.0)",
+    "recorded/sd_unet_denoise.csv.gz": "1.43 x the 12.6 MiB peak live (18 MiB; the bound 16.8)",
+    "recorded/whisper_train.csv.gz": "1.082 x peak live (162 MiB; the bound 156.7)",
 }
