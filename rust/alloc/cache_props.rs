@@ -84,10 +84,10 @@ proptest! {
 
     /// Open (issue 27): fails. Deferred coalescing changes where later requests of other
     /// sizes go, and the two layouts part; on 1,000 streams of `stream_of_requests` the pool
-    /// with the cache peaks higher on 237 and lower on 204, by up to 6 MiB (`cargo test
+    /// with the cache peaks higher on 236 and lower on 194, by up to 6 MiB (`cargo test
     /// --release --lib cache_props::tally -- --ignored --nocapture`). A cache that never
     /// places otherwise than the uncached pool holds nothing back, and then the merges it
-    /// skips, which are what it saves memory with on vit_train and resnet50_train, go too
+    /// skips, which are what it saves memory with on resnet50_train, convnext_train and swin_train, go too
     /// (docs/reserve.md, "The size cache is not free of cost"). Run it with `--ignored` to
     /// get a shrunk stream.
     #[test]
