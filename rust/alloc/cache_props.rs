@@ -87,9 +87,9 @@ proptest! {
     /// with the cache peaks higher on 236 and lower on 194, by up to 6 MiB (`cargo test
     /// --release --lib cache_props::tally -- --ignored --nocapture`). A cache that never
     /// places otherwise than the uncached pool holds nothing back, and then the merges it
-    /// skips, which are what it saves memory with on resnet50_train, convnext_train and swin_train, go too
-    /// (docs/reserve.md, "The size cache is not free of cost"). Run it with `--ignored` to
-    /// get a shrunk stream.
+    /// skips, which are what it saves memory with on resnet50_train, convnext_train and
+    /// swin_train, go too (docs/reserve.md, "The size cache is not free of cost"). Run it
+    /// with `--ignored` to get a shrunk stream.
     #[test]
     #[ignore = "open: the cache's layout parts from the uncached pool's (issue 27)"]
     fn the_size_cache_never_raises_the_peak_reserve(steps in stream_of_requests()) {

@@ -175,7 +175,7 @@ pub(super) fn ids_of(p: &Pool, out: &[u64]) -> Vec<AllocId> {
 
 /// A churn loop for profilers (`valgrind --tool=callgrind <test binary> churn_for_profiler
 /// --ignored`): log-uniform sizes, 2048 live, half churning. `CHURN=small|large`, `PAIRS=n`,
-/// `RESERVE=1`; prints the time a pair, live and reserved memory, and how many allocations
+/// `RESERVE=1`, `SIZE_CACHE=0` (the pool without the size cache); prints the time a pair, live and reserved memory, and how many allocations
 /// needed the stitching window (`cargo test --release --no-default-features --lib
 /// churn_for_profiler -- --ignored --nocapture`).
 #[test]
@@ -192,6 +192,7 @@ fn churn_for_profiler() {
     if std::env::var("RESERVE").is_ok_and(|v| v == "1") {
         cfg.initial_size = 80 << 30;
     }
+    cfg.size_cache = std::env::var("SIZE_CACHE").map_or(true, |v| v != "0");
     let mut p = Pool::new(device(80 << 30), cfg).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let size = move |rng: &mut rand::rngs::StdRng| 2f64.powf(rng.gen_range(lo..hi)) as u64;
