@@ -50,6 +50,9 @@ impl Pool {
         if self.quick_short_of(1, reach) {
             return None;
         }
+        if self.lossy(units) {
+            return self.place_large(units as u64, a, reach);
+        }
         // A small pool about to take a page: any free block that holds the request first,
         // the best of its own heap bin (which `HEAP_SCAN` skips), else one of a large segment
         // (the good fit even under pressure: the best fit there held llama_decode's smallest
@@ -80,6 +83,19 @@ impl Pool {
             return self.place_in_large_block(units, a);
         }
         None
+    }
+
+    /// Whether small request `units` that finds no heap block takes the large path instead
+    /// of a heap page: in a pool of at least `SMALL_POOL`, when it is at least
+    /// 1/`LOSSY_DIV` of a page and the heap pages it would fill leave a tail of over
+    /// 1/`LOSSY_TAIL_DIV` of a page each (three 588 KiB activations leave 284 KiB of a
+    /// 2 MiB page). In a large segment such requests lie back to back across page ends, as
+    /// large ones do, and the layouts they free up are usable by large requests.
+    #[inline]
+    fn lossy(&self, units: u32) -> bool {
+        units * LOSSY_DIV >= self.pg
+            && self.pg % units > self.pg / LOSSY_TAIL_DIV
+            && !self.small_pool()
     }
 
     /// A small request for which the pool grew by page `p` (it held no free page): when the
@@ -563,6 +579,8 @@ impl Pool {
 mod grow_tests;
 #[cfg(test)]
 mod heap_segment_tests;
+#[cfg(test)]
+mod lossy_tests;
 #[cfg(test)]
 mod run_first_tests;
 #[cfg(test)]

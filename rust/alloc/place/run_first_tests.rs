@@ -2,19 +2,10 @@
 //! would need the window: it takes a fresh run only when the free page end it would pass
 //! over saves no page or is under 1/`RUN_FIRST_HEAD_DIV` of one (`keeps_head`).
 
-use super::super::tests::{device, MIB};
+use super::super::tests::{alloc_id as alloc, device, MIB};
 use super::*;
 
 const KIB: u64 = 1 << 10;
-
-fn alloc(p: &mut Pool, size: u64) -> AllocId {
-    p.alloc(Request {
-        size,
-        ..Request::default()
-    })
-    .unwrap()
-    .0
-}
 
 /// A pool of 160 MiB (not a small pool) holding 130 MiB of whole pages, a page whose second
 /// half is free (a 1 MiB allocation freed there) followed by a page in use, and 13 free

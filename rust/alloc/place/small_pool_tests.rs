@@ -1,22 +1,13 @@
 //! A small pool (under `SMALL_POOL`) never grows while a free block it holds can serve
 //! the request (issue 27's small traces: docs/reserve.md, "Reserve on every trace").
 
-use super::super::tests::{device, MIB};
+use super::super::tests::{alloc_id as alloc, device, MIB};
 use super::*;
 
 const KIB: u64 = 1 << 10;
 
 fn small_pool() -> Pool {
     Pool::new(device(1 << 30), PoolConfig::new(2 * MIB)).unwrap()
-}
-
-fn alloc(p: &mut Pool, size: u64) -> AllocId {
-    p.alloc(Request {
-        size,
-        ..Request::default()
-    })
-    .unwrap()
-    .0
 }
 
 /// The largest free block of any page, in bytes.

@@ -134,7 +134,7 @@ fn shape() -> impl Strategy<Value = Shape> {
     )
         .prop_map(|(rules, eager, low_threshold, hog, faulty)| Shape {
             // (both rules twice as often as each alone)
-            rules: rules | (rules == 0) as u8 * 3,
+            rules: rules | ((rules == 0) as u8 * 3),
             eager,
             low_threshold,
             hog,

@@ -26,6 +26,16 @@ use crate::pmm::{PmmConfig, SizeMask};
 pub(super) const MIB: u64 = 1 << 20;
 const KIB: u64 = 1 << 10;
 
+/// The handle of a default request of `size` bytes (the request must succeed).
+pub(super) fn alloc_id(p: &mut Pool, size: u64) -> AllocId {
+    p.alloc(Request {
+        size,
+        ..Request::default()
+    })
+    .unwrap()
+    .0
+}
+
 pub(super) fn device(vidmem: u64) -> Arc<Device> {
     let mut cfg = PmmConfig::new(
         vidmem,

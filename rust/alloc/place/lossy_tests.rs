@@ -1,0 +1,42 @@
+//! Small requests whose heap pages would each leave a large tail take the large path in a
+//! pool of at least `SMALL_POOL` (`lossy`; docs/reserve.md, "Heap pages").
+
+use super::super::tests::{alloc_id as alloc, device, MIB};
+use super::*;
+
+const KIB: u64 = 1 << 10;
+
+/// (reserved MiB, heap pages) after `n` requests of `size` on a pool that holds `base` MiB
+/// live.
+fn after(base: u64, size: u64, n: usize) -> (u64, usize) {
+    let mut p = Pool::new(device(1 << 30), PoolConfig::new(2 * MIB)).unwrap();
+    alloc(&mut p, base * MIB);
+    for _ in 0..n {
+        alloc(&mut p, size);
+    }
+    p.validate().unwrap();
+    let heap = p
+        .page_snapshot()
+        .iter()
+        .filter(|pg| pg.kind == "heap")
+        .count();
+    ((p.reserved_bytes() - base * MIB) / MIB, heap)
+}
+
+#[test]
+fn activations_that_leave_a_page_tail_lie_back_to_back_in_a_large_pool() {
+    // three 588 KiB to a heap page leave 284 KiB of each; ten back to back in a large
+    // segment take three pages and no heap page
+    assert!((2 * MIB) % (588 * KIB) > 2 * MIB / LOSSY_TAIL_DIV as u64);
+    assert_eq!(after(130, 588 * KIB, 10), (6, 0));
+}
+
+#[test]
+fn the_rule_leaves_small_pools_and_requests_that_tile_a_page_alone() {
+    // a small pool: heap pages
+    assert!(after(2, 588 * KIB, 10).1 > 0);
+    // 512 KiB tiles a page: heap pages, four to a page
+    assert_eq!(after(130, 512 * KIB, 8), (4, 2));
+    // under a quarter page: heap pages, whatever the tail
+    assert_eq!(after(130, 300 * KIB, 6), (2, 1));
+}
