@@ -85,24 +85,25 @@ def row(path: str, rounds: List[int], repeat: int, others: bool,
     for t in read_traces(path):
         live = t.peak_live()
 
-        def cell(tr: Any) -> str:
+        def cell(tr: Any) -> Tuple[str, int]:
+            """gpumm's cell of copy ``tr``, and its peak reserved."""
             peak = replay_pool(tr, CAPACITY, **pool).peak_reserved
             over = "*" if peak > 1.02 * tr.peak_live() + 4 * MiB else " "
-            return f"{peak / MiB:9.0f}{over}"
+            return f"{peak / MiB:9.0f}{over}", peak
 
-        cells = [cell(t)]
+        cells = [cell(t)[0]]
         for r in rounds:
             tr = rounded(t, r)
-            cells.append(cell(tr))
+            text, mine = cell(tr)
+            cells.append(text)
             if others:
                 rep = replay(tr, list(OTHERS), capacity=CAPACITY, min_capacity=False,
                              planned=False)
                 least = min(rep.results[m].peak_reserved for m in OTHERS)
-                mine = replay_pool(tr, CAPACITY, **pool).peak_reserved
                 cells.append(f"{least / MiB:8.0f}{'<' if least < mine else ' '}")
         if repeat:
             lr = long_run(t, repeat)
-            cells.append(cell(lr) if lr is not None else f"{'-':>9s} ")
+            cells.append(cell(lr)[0] if lr is not None else f"{'-':>9s} ")
         out.append(f"{label(Path(path)):44s} {t.device:>3d} {live / MiB:10.1f}" + "".join(cells))
     return out
 
