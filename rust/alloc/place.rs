@@ -93,9 +93,10 @@ impl Pool {
     /// large ones do, and the layouts they free up are usable by large requests.
     #[inline]
     fn lossy(&self, units: u32) -> bool {
+        // (the division last: most requests that reach here are below a quarter page)
         units * LOSSY_DIV >= self.pg
-            && self.pg % units > self.pg / LOSSY_TAIL_DIV
             && !self.small_pool()
+            && self.pg % units > self.pg / LOSSY_TAIL_DIV
     }
 
     /// A small request for which the pool grew by page `p` (it held no free page): when the
