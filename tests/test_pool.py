@@ -318,9 +318,9 @@ def test_stats_and_snapshot(pool):
 
 
 def test_freed_blocks_wait_for_a_request_of_their_size(pool):
-    """The exact-size cache: a size asked for again keeps its freed block whole for the next
-    request of that rounded size; the memory counts as free, the old handle is dead, and an
-    empty pool gives the cache back."""
+    """The size cache: a freed block between live ones is held whole for the next request
+    when it is of its rounded size; the memory counts as free, the old handle is dead, and
+    an empty pool gives the cache back."""
     keep = pool.alloc(100)
     a, b = pool.alloc(64 * KiB), pool.alloc(64 * KiB)
     free_before = pool.stats()["free_bytes"]

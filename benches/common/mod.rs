@@ -39,6 +39,8 @@ pub fn hopper(vidmem: u64) -> Pmm {
 pub fn pool(vidmem: u64, page: u64, initial: u64) -> Pool {
     let mut cfg = PoolConfig::new(page);
     cfg.initial_size = initial;
+    // SIZE_CACHE=0: the pool without the size cache (the same layout, `cache.rs`)
+    cfg.size_cache = std::env::var("SIZE_CACHE").map_or(true, |v| v != "0");
     pool_with(vidmem, cfg)
 }
 

@@ -188,12 +188,12 @@ class MemoryPool(_core.Pool):
         tail_slack: a stitched allocation's last partial page may take a free page start at
             most this much larger than it needs (default 1/16 of a page); else a fresh page.
         scrub: zero memory when it is freed.
-        size_cache: keep a freed allocation's block whole for the next request of exactly
-            its rounded size, when that size keeps coming back (training steps ask for the
-            same sizes step after step): such a request then costs no search, split or
-            merge. Cached memory counts as free and is given back before the pool would grow
-            or fail; ``stats()`` reports ``cache_hits`` and ``cached_allocs``. Off with a
-            ``release_threshold``.
+        size_cache: keep a freed small allocation's block whole for the request that comes
+            next, when that request is of its rounded size and the pool would place it there
+            anyway: it then costs no merge, search or split, and every request lands where
+            it would without the cache (so the cache never costs memory). Anything else the
+            pool does first gives the block back. Its memory counts as free; ``stats()``
+            reports ``cache_hits`` and ``cached_allocs``. Off with a ``release_threshold``.
         on_failure: ``callback(nbytes) -> bool`` called on out of memory; True retries.
         check: validate every invariant after every operation (slow; for tests).
     """

@@ -142,8 +142,9 @@ pub struct PoolConfig {
     pub release_threshold: Option<u64>,
     /// Zero memory when it is freed (before anyone can reuse it).
     pub scrub: bool,
-    /// Keep a freed one-block allocation whole for the next request of its exact size
-    /// (`cache.rs`); off with a release threshold, whose pages go back as they free up.
+    /// Keep a freed heap block whole for the request that comes next, when that request is
+    /// of its size and would be placed there anyway (`cache.rs`); off with a release
+    /// threshold, whose pages go back as they free up.
     pub size_cache: bool,
     /// A tail may take a free page prefix at most this much larger than itself (bytes);
     /// otherwise it takes a fresh page, whose remainder stays usable as a head.

@@ -29,9 +29,9 @@
 //! `trim`/`defrag` give pages to the device), or at once in a pool with a release threshold.
 //! A request (or batch) that fails undoes every such change it made (the `journal`).
 //!
-//! A freed one-block allocation whose size keeps being asked for may instead keep its block,
-//! unmerged, for the next request of that size (`cache.rs`): its slot is `Cached`, its memory
-//! counts as free, and the cache goes back before the pool would grow.
+//! A freed heap block may instead stay whole for the request that comes next, when that
+//! request is of its size and would be placed there anyway (`cache.rs`): its slot is
+//! `Cached`, its memory counts as free, and anything but that request gives it back first.
 //!
 //! ## Invariants (checked by `validate`)
 //! - A `Heap` page, or a segment from its `Large` page over its `Covered` pages, is covered by
@@ -45,8 +45,8 @@
 //!   in a pending batch record (`batches`) or served from a step's plan (`step.rs`), and
 //!   nothing else; every record entry names a live
 //!   or freeing allocation.
-//! - A `Cached` slot holds one block of exactly its rounded size and is in the size cache
-//!   once, under that size; nothing else is in the cache.
+//! - A `Cached` slot holds one heap block of exactly its rounded size and is the one slot the
+//!   size cache holds, under that size; nothing else is in the cache.
 
 #![deny(unsafe_code)]
 
@@ -100,7 +100,7 @@ use crate::pmm::{ChunkId, ChunkType, Pmm};
 use crate::units::format_size;
 use crate::va::Va;
 use bins::{bin_of, Bins, Link, LinkRead, LinkWrite, NIL, NUM_BINS};
-use cache::{Lookup, SizeCache};
+use cache::SizeCache;
 use ptrmap::PtrMap;
 use runs::Runs;
 use table::Table;
@@ -187,9 +187,9 @@ pub struct Pool {
     /// stream needs no event (`free_when_done`).
     first_stream: Option<u64>,
     streams_mixed: bool,
-    /// Freed one-block allocations kept for a request of their size (see `cache.rs`); on
-    /// unless pages go back to the device as they free up (a release threshold), and off for
-    /// good once the pool closes. (An undo frees without caching: `Settle::Exact`.)
+    /// A freed heap block kept for the next request if it is of its size (see `cache.rs`);
+    /// on unless pages go back to the device as they free up (a release threshold), and off
+    /// for good once the pool closes. (An undo frees without caching: `Settle::Exact`.)
     cache: SizeCache,
     cache_on: bool,
     /// Steps recorded or served from a plan (`step.rs`).

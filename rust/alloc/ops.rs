@@ -108,14 +108,15 @@ impl Pool {
                 return Self::served((id.to_bits(), ptr));
             }
         }
-        // (a pool without the cache looks nothing up: the way's bookkeeping of a miss was 33
-        // instructions a request there)
-        if self.cache_on {
-            match self.cache.take(units) {
-                Lookup::Hit(a) => return Self::served(self.take_cached(a, req, units)),
-                Lookup::Stale(w) => self.evict_way(w, units),
-                Lookup::Miss => {}
+        // The block the cache holds is this request's when it is of its size and no stream
+        // events wait (which the pool would poll first); otherwise it goes back first.
+        if !self.cache.is_empty() {
+            if self.events.is_empty() {
+                if let Some(a) = self.cache.take(units) {
+                    return Self::served(self.take_cached(a, req, units));
+                }
             }
+            self.flush_cache();
         }
         // Memory freed on streams whose work has finished (CUDA events) comes back before the
         // pool would grow for it, and every 64 calls otherwise. (Not between the requests of
@@ -130,14 +131,7 @@ impl Pool {
         let mark = self.journal.len();
         let a = self.new_slot();
         let reach = if ask.quick { Reach::Held } else { Reach::Grow };
-        let mut placed = self.place(units, a, reach);
-        if placed.is_none() && !self.cache.is_empty() && !ask.quick {
-            // it would grow the pool (which `grow` refuses while the cache holds memory): the
-            // cached blocks go back first
-            self.undo_to(mark);
-            self.flush_cache();
-            placed = self.place(units, a, Reach::Grow);
-        }
+        let placed = self.place(units, a, reach);
         let layout = match placed {
             Some(l) => l,
             None if ask.quick => {
@@ -197,7 +191,8 @@ impl Pool {
     }
 
     /// `alloc` when it is quick: served from the pages the pool holds, without growing it or
-    /// compacting. `None` when it is not (nothing changed; call `alloc`). The bindings run
+    /// compacting. `None` when it is not (nothing changed but the size cache's block given back,
+    /// which any other request would give; call `alloc`). The bindings run
     /// this under the GIL, since releasing and taking back the GIL costs more than the call.
     #[inline]
     pub fn try_alloc_quick(&mut self, req: Request) -> Option<Result<(AllocId, u64)>> {
@@ -205,7 +200,6 @@ impl Pool {
         match self.alloc_as(req, Ask::QUICK) {
             Err(Refusal::NoRoom) => {
                 self.counters.calls = calls;
-                self.cache.retry_next();
                 None
             }
             r => Some(r.map_err(|r| self.refusal_error(r, req.size))),

@@ -25,11 +25,8 @@ impl Pool {
     /// Takes `n` pages from the device into the free pages: all of them, or none at the
     /// pool's maximum or when the device has fewer (the PMM's batch is all or nothing).
     pub(super) fn grow(&mut self, n: u32) -> bool {
-        // While the cache holds memory the pool does not grow: the request that asked gives
-        // the cache back and tries again (`alloc_inner`; a batch gives it back first).
-        if !self.cache.is_empty() {
-            return false;
-        }
+        // (nothing is held in the size cache while anything is placed)
+        debug_assert!(self.cache.is_empty());
         let ps = self.cfg.page_size;
         if self.counters.reserved_bytes + n as u64 * ps > self.max_size() {
             return false;
@@ -124,9 +121,9 @@ impl Pool {
         bytes
     }
 
-    /// After a free: an empty pool gives its cached blocks back (so that a pool whose
-    /// allocations are all freed is all free pages, whatever it cached), and pages above the
-    /// release threshold go back to the device.
+    /// After a free: an empty pool gives its cached block back (so that a pool whose
+    /// allocations are all freed is all free pages), and pages above the release threshold
+    /// go back to the device.
     #[inline]
     pub(super) fn after_free(&mut self) {
         if self.counters.used_bytes == 0 {

@@ -18,10 +18,7 @@ const RUN_FIRST_HEAD_PAGES: u32 = 4;
 impl Pool {
     /// A small request: good fit in the heap pages, else a new heap page (or the heap
     /// segment before the page the pool grew by, run on over it: `extend_heap`). With `Reach::Any`
-    /// (on the way to out of memory): a free block of a large page will do too. Before it takes a page,
-    /// the size cache's blocks of small sizes go back, merged, and it looks again: a page is
-    /// taken only for what the heap pages cannot hold with no small block cached (without this, gpt2_decode's peak
-    /// reserve was 1.689 x its peak live, with it 1.622 x; docs/reserve.md).
+    /// (on the way to out of memory): a free block of a large page will do too.
     #[inline]
     pub(super) fn place_small(&mut self, units: u32, a: u32, reach: Reach) -> Option<Layout> {
         if let Some(b) = self.primary[HEAP].find_fit(
@@ -31,21 +28,6 @@ impl Pool {
             self.block_len(),
         ) {
             return Some(self.take_free(b, units, a));
-        }
-        if !self.cache.is_empty() {
-            if reach == Reach::Held {
-                // (the quick path leaves the cache as it is: the full path gives it back)
-                return None;
-            }
-            // the small sizes only: their blocks are in heap pages (a large block given back
-            // would not hold this request; the pool gives it back before it grows)
-            let small = self.cache.drain_below(self.small_units);
-            if !small.is_empty() {
-                for c in small {
-                    self.uncache(c);
-                }
-                return self.place_small(units, a, reach);
-            }
         }
         if self.quick_short_of(1, reach) {
             return None;
@@ -543,6 +525,9 @@ impl Pool {
     }
 
     pub(super) fn place(&mut self, units: u64, a: u32, reach: Reach) -> Option<Layout> {
+        // (a request's own path gives the cache back before it takes a slot; this is for
+        // every other placement: nothing is placed while a block is held)
+        self.flush_cache();
         if units < self.small_units {
             self.place_small(units as u32, a, reach)
         } else if self.grown(units) {
@@ -558,6 +543,7 @@ impl Pool {
     /// When the pool may grow for it (it does not hold the batch's size free), the pages it
     /// lacks are taken first, so that a batch repeated in a loop finds its run again.
     pub(super) fn place_batch(&mut self, units: u64, a: u32, reach: Reach) -> Option<Layout> {
+        self.flush_cache();
         if units >= self.small_units {
             if let Some(l) = self.place_in_large_block(units as u32, a) {
                 return Some(l);

@@ -105,32 +105,24 @@ impl Pool {
     pub(super) fn take_cached(&mut self, a: u32, req: Request, units: u64) -> (u64, u64) {
         debug_assert!(self.allocs[a as usize].state == State::Cached);
         debug_assert_eq!(self.allocs[a as usize].units(), units);
+        if let Layout::Block(b) = self.allocs[a as usize].layout {
+            self.refile_after(b);
+        }
         self.counters.cache_hits += 1;
         self.go_live(a, req, units)
     }
 
-    /// Gives every cached block back: merged with its free neighbours and binned, its slot
-    /// vacant.
+    /// Gives the cached block back, if any: merged with its free neighbours and binned, as
+    /// its free would have done; its slot vacant.
+    #[inline]
     pub(super) fn flush_cache(&mut self) {
-        if self.cache.is_empty() {
-            return;
-        }
-        for a in self.cache.drain() {
-            self.uncache(a);
-        }
-    }
-
-    /// Gives back the blocks of stale way `w` of the cache, which now follows `units`.
-    #[cold]
-    pub(super) fn evict_way(&mut self, w: usize, units: u64) {
-        let (slots, n) = self.cache.evict(w, units);
-        for &a in &slots[..n] {
+        if let Some(a) = self.cache.drain() {
             self.uncache(a);
         }
     }
 
     /// Cached slot `a` gives its block back; the slot is vacant.
-    pub(super) fn uncache(&mut self, a: u32) {
+    fn uncache(&mut self, a: u32) {
         let x = &mut self.allocs[a as usize];
         debug_assert!(x.state == State::Cached);
         let layout = std::mem::replace(&mut x.layout, Layout::None);
@@ -248,17 +240,21 @@ impl Pool {
             self.last_freed = units; // (`grow.rs`)
         }
         self.scrub(ptr, units * GRANULE);
-        let x = &mut self.allocs[a as usize];
-        let member = matches!(x.layout, Layout::Member(_));
+        // (what the cache holds is given back first, as it would have been merged before
+        // this free)
+        self.flush_cache();
+        let layout = self.allocs[a as usize].layout;
+        let member = matches!(layout, Layout::Member(_));
         if pending.is_none()
             && settle == Settle::Policy
             && self.cache_on
-            && matches!(x.layout, Layout::Block(_))
-            && self.cache.admit(units, a)
+            && matches!(layout, Layout::Block(b) if self.holds_in_place(b, units))
         {
-            // kept whole for the next request of its size
-            x.state = State::Cached;
+            // kept whole for a next request of its size
+            self.allocs[a as usize].state = State::Cached;
+            self.cache.hold(a, units as u32);
         } else {
+            let x = &mut self.allocs[a as usize];
             let layout = std::mem::replace(&mut x.layout, Layout::None);
             x.state = State::Vacant;
             match (layout, pending) {

@@ -141,7 +141,7 @@ pub struct PoolStats {
 }
 
 impl Pool {
-    /// Whether a block holds memory of an allocation (not free, not kept in the exact-size
+    /// Whether a block holds memory of an allocation (not free, not kept in the size
     /// cache, whose memory counts as free).
     pub(super) fn holds(&self, blk: &Block) -> bool {
         !blk.free && self.allocs[blk.owner() as usize].state != State::Cached

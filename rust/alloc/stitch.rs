@@ -96,6 +96,7 @@ impl Pool {
     /// Returns a layout's memory: blocks, pages and window, settled as `settle` says.
     #[inline(always)]
     pub(super) fn unplace(&mut self, layout: Layout, settle: Settle) {
+        self.flush_cache(); // (it was freed before this)
         match layout {
             Layout::None => {}
             Layout::Member(g) => {

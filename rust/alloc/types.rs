@@ -241,9 +241,9 @@ pub(super) enum State {
     /// The memory of an arena batch (`alloc_arena`): not an allocation a caller sees; its
     /// members point into it, and it goes back when the last of them is freed.
     Group,
-    /// Freed, its block kept whole in the exact-size cache (`cache.rs`) for the next request
-    /// of its size: not an allocation a caller sees (its handle is stale), and its memory
-    /// counts as free.
+    /// Freed, its block kept whole in the size cache (`cache.rs`) for a next request of its
+    /// size: not an allocation a caller sees (its handle is stale), and its memory counts as
+    /// free.
     Cached,
 }
 
@@ -399,9 +399,9 @@ pub(super) struct Counters {
 pub(super) struct Ask {
     /// A pending free on the request's stream may serve it.
     pub(super) reuse: bool,
-    /// Only from what the pool holds (`Reach::Held`): it does not grow, compact or give the
-    /// size cache back; when it would, it is refused with `Refusal::NoRoom` and nothing
-    /// changed (`try_alloc_quick`).
+    /// Only from what the pool holds (`Reach::Held`): it does not grow or compact; when it
+    /// would, it is refused with `Refusal::NoRoom` and nothing changed but the size cache's
+    /// block given back, as any request of another size gives it (`try_alloc_quick`).
     pub(super) quick: bool,
     /// A request of `alloc_batch`: its changes stay in the journal for the batch, and it
     /// neither polls, compacts nor validates (the batch does, whole).
@@ -436,7 +436,7 @@ impl Ask {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(super) enum Reach {
     /// The pages the pool holds as they are: no growing, no reclaiming whole pages from
-    /// segments, no size-cache blocks given back (the quick path; a miss changes nothing).
+    /// segments (the quick path; a miss changes nothing).
     Held,
     /// And pages from the device.
     Grow,
@@ -483,7 +483,7 @@ impl Refusal {
 /// How freed memory settles (an argument of the free paths, not a mode of the pool).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(super) enum Settle {
-    /// As the pool's policy says: a one-block allocation may be cached for its size, and a
+    /// As the pool's policy says: a heap block may be held in the size cache, and a
     /// pool with a release threshold gives a freed block's whole pages back at once.
     Policy,
     /// Back exactly as it was split, for an undo (`journal.rs`): nothing cached, no whole

@@ -12,7 +12,7 @@ mod limits_and_stats; // max_size, the release threshold, sampled latency
 mod model; // random operation streams against a shadow map of live ranges
 mod placement; // where requests go: heap pages, page ends, blocks of segments, free runs
 mod refusals; // refused requests and injected backend failures leave the pool as it was
-mod size_cache; // the exact-size cache: what waits in it, and when it gives it back
+mod size_cache; // the size cache: what waits in it, and when it gives it back
 mod stitching; // layouts through the window: scattered pages, reclaim, head and tail pairing
 
 use std::collections::HashMap;
@@ -134,7 +134,7 @@ pub(super) enum Op {
 }
 
 pub(super) fn op() -> impl Strategy<Value = Op> {
-    // (and a few sizes that come back, for the exact-size cache)
+    // (and a few sizes that come back, for the size cache)
     let size = prop_oneof![
         1 => 1u64..4096,
         1 => 4096u64..(1 << 20),

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use super::*;
 
 /// What a refused request (no movable allocation to compact) leaves: the pool as it was
-/// (`before`), or, if the exact-size cache held `cached` allocations, the same allocations and
+/// (`before`), or, if the size cache held `cached` allocations, the same allocations and
 /// counters with the cache given back (out of memory releases what is cached first).
 fn refused_changes_nothing(
     p: &Pool,

@@ -1,18 +1,25 @@
-//! The exact-size cache: a freed block waits for the next request of its size, and goes back
-//! on trim, defrag, close, before a batch and when its way goes stale.
+//! The size cache: a freed heap block waits for the request that follows, when that request
+//! is of its size and the pool would place it there anyway; anything else gives it back.
 
 use super::*;
 
-/// A freed block whose size keeps being asked for waits, whole, for the next request of that
-/// size (the exact-size cache): same block, no search, no merge. Its memory counts as free,
-/// its handle is stale, and it goes back before the pool would grow, and when nothing is
-/// left live.
+/// A pool with a 5000 B allocation live, then `n` of 64 KiB (`size_cache` as given).
+fn warm(n: usize, size_cache: bool) -> (Pool, Vec<(AllocId, u64)>) {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.size_cache = size_cache;
+    cfg.check = true;
+    let mut p = Pool::new(device(64 * MIB), cfg).unwrap();
+    p.alloc(req(5000)).unwrap();
+    let live = (0..n).map(|_| p.alloc(req(64 * KIB)).unwrap()).collect();
+    (p, live)
+}
+
+/// A freed block waits, whole, for the next request of its size: same address, no search,
+/// no merge. Its memory counts as free and its handle is stale.
 #[test]
-fn freed_blocks_wait_for_the_next_request_of_their_size() {
-    let mut p = pool(8 * MIB);
-    let _keep = p.alloc(req(5000)).unwrap();
-    let (a, pa) = p.alloc(req(64 * KIB)).unwrap();
-    let (b, pb) = p.alloc(req(64 * KIB)).unwrap(); // the size asked for twice
+fn a_freed_block_waits_for_the_next_request_of_its_size() {
+    let (mut p, live) = warm(3, true);
+    let (a, pa) = live[2];
     let before = p.stats();
     p.free(a).unwrap();
     let s = p.stats();
@@ -22,111 +29,105 @@ fn freed_blocks_wait_for_the_next_request_of_their_size() {
         before.free_bytes + 64 * KIB,
         "cached memory counts as free"
     );
-    assert_eq!(s.largest_free_run, before.largest_free_run.max(64 * KIB));
-    assert!(p.page_snapshot()[0]
-        .blocks
-        .iter()
-        .any(|&(_, len, owner)| len >= 64 * KIB && owner.is_none()));
     assert!(
         matches!(p.free(a), Err(Error::InvalidFree(_))),
         "its handle is stale"
     );
     assert!(matches!(p.free_ptr(pa), Err(Error::InvalidFree(_))));
     assert!(p.info(a).is_err() && p.allocations().iter().all(|x| x.ptr != pa));
-    // the next request of its size (any size that rounds to it) takes it back
-    let (c, pc) = p.alloc(req(64 * KIB - 100)).unwrap();
+    // any size that rounds to it takes it back
+    let (_c, pc) = p.alloc(req(64 * KIB - 100)).unwrap();
     assert_eq!(pc, pa);
     let s = p.stats();
-    assert_eq!(
-        (s.cached_allocs, s.cache_hits, s.live_bytes),
-        (0, 1, 5000 + 2 * 64 * KIB - 100)
-    );
-    p.free(c).unwrap();
-    p.free(b).unwrap();
-    assert_eq!(p.stats().cached_allocs, 2);
-    assert!(pb != pa);
-    // nothing live: every page is free again
-    p.free(_keep.0).unwrap();
-    let s = p.stats();
-    assert_eq!((s.cached_allocs, s.pages_heap, s.pages_large), (0, 0, 0));
-    // a request that only a cached block holds (the pool is one full page at its limit):
-    // the cache gives it back and the request takes it
-    let mut cfg = PoolConfig::new(2 * MIB);
-    cfg.max_size = Some(2 * MIB);
-    cfg.check = true;
-    let mut q = Pool::new(device(8 * MIB), cfg.clone()).unwrap();
-    let (x, px) = q.alloc(req(64 * KIB)).unwrap();
-    let _y = q.alloc(req(64 * KIB)).unwrap();
-    let mut rest = 2 * MIB - 128 * KIB;
-    while rest > 0 {
-        let n = rest.min(512 * KIB);
-        q.alloc(req(n)).unwrap();
-        rest -= n;
-    }
-    q.free(x).unwrap();
-    assert_eq!(q.stats().cached_allocs, 1);
-    let (_z, pz) = q.alloc(req(60 * KIB)).unwrap();
-    assert_eq!(pz, px);
-    assert_eq!(
-        (q.stats().cached_allocs, q.stats().reserved_bytes),
-        (0, 2 * MIB)
-    );
-    // switched off, nothing waits
-    cfg.size_cache = false;
-    let mut q = Pool::new(device(8 * MIB), cfg).unwrap();
-    let _k = q.alloc(req(100)).unwrap();
-    for _ in 0..3 {
-        let (x, _) = q.alloc(req(4096)).unwrap();
-        q.free(x).unwrap();
-    }
-    assert_eq!((q.stats().cached_allocs, q.stats().cache_hits), (0, 0));
+    assert_eq!((s.cached_allocs, s.cache_hits), (0, 1));
+    assert_eq!(s.live_bytes, 5000 + 3 * 64 * KIB - 100);
 }
 
-/// A cached block is given back by trim, defrag, close and before a batch; a way whose size
-/// stops coming goes stale and gives its blocks back.
+/// Anything but a request of its size gives the block back first, merged, so that the pool
+/// goes on as the pool without the cache does: another size, another free, a batch, trim,
+/// defrag, close, and nothing left live.
 #[test]
-fn the_size_cache_gives_back_what_it_holds() {
-    let mut p = pool(64 * MIB);
-    let _keep = p.alloc(req(100)).unwrap();
-    let cached = |p: &mut Pool, size: u64| {
-        let (x, _) = p.alloc(req(size)).unwrap();
-        let (y, _) = p.alloc(req(size)).unwrap();
-        p.free(x).unwrap();
-        p.free(y).unwrap();
-        assert!(p.stats().cached_allocs >= 1);
+fn anything_else_gives_the_block_back_first() {
+    type Op = fn(&mut Pool, &[(AllocId, u64)]);
+    let ops: [(&str, Op); 6] = [
+        ("another size", |p, _| {
+            p.alloc(req(4096)).unwrap();
+        }),
+        ("another free", |p, live| p.free(live[0].0).unwrap()),
+        ("a batch", |p, _| {
+            p.alloc_batch(&[1000, 2000], 0, &mut vec![]).unwrap();
+        }),
+        ("trim", |p, _| {
+            p.trim(0).unwrap();
+        }),
+        ("defrag", |p, _| {
+            p.defrag().unwrap();
+        }),
+        ("close", |p, _| {
+            p.close().unwrap();
+        }),
+    ];
+    for (what, op) in ops {
+        let mut pools = [warm(4, true), warm(4, false)];
+        for (p, live) in &mut pools {
+            p.free(live[3].0).unwrap();
+            op(p, live);
+            // (only another free's own block may be held now)
+            let held = p.stats().cached_allocs;
+            assert!(held == 0 || what == "another free", "{what}");
+            p.flush_cache();
+        }
+        let [(a, _), (b, _)] = &pools;
+        assert_eq!(
+            a.page_snapshot(),
+            b.page_snapshot(),
+            "{what}: the same layout"
+        );
+    }
+    // nothing left live: the pool's pages are all free
+    let (mut p, live) = warm(1, true);
+    p.free(live[0].0).unwrap();
+    p.free(p.allocations()[0].id).unwrap();
+    let s = p.stats();
+    assert_eq!((s.cached_allocs, s.pages_heap), (0, 0));
+}
+
+/// A block the next request of its size would not get back is not held: one after a free
+/// block (the merge would start before it), the last of its page (the page would go back),
+/// one whose size the heap's good fit does not look for in its own bin, and one when a free
+/// block of a bin between would be taken first. Switched off, nothing is held.
+#[test]
+fn a_block_is_held_only_where_the_request_would_go() {
+    let held = |p: &mut Pool, id: AllocId| {
+        p.free(id).unwrap();
+        let n = p.stats().cached_allocs;
+        p.flush_cache();
+        n
     };
-    cached(&mut p, 3 * MIB);
-    p.trim(0).unwrap();
-    assert_eq!(p.stats().cached_allocs, 0);
-    cached(&mut p, 300 * KIB);
-    p.defrag().unwrap();
-    assert_eq!(p.stats().cached_allocs, 0);
-    cached(&mut p, 5 * MIB);
-    let mut out = vec![];
-    p.alloc_batch(&[1000, 2000], 0, &mut out).unwrap();
-    assert_eq!(p.stats().cached_allocs, 0);
-    p.free_batch(&out).unwrap();
-    // stale: requests of other sizes of the same way, none of its own
-    cached(&mut p, 4096);
-    let held = p.stats().cached_allocs;
-    let units = 4096 / GRANULE as u32;
-    let other = (units + 1..)
-        .find(|&u| cache::way(u) == cache::way(units))
-        .unwrap() as u64
-        * GRANULE;
-    let mut live = vec![];
-    for _ in 0..8 {
-        live.push(p.alloc(req(other)).unwrap().0);
-    }
-    assert!(
-        p.stats().cached_allocs < held,
-        "the stale way gave its block back"
+    let (mut p, live) = warm(4, true);
+    assert_eq!(held(&mut p, live[2].0), 1, "live on both sides");
+    assert_eq!(held(&mut p, live[3].0), 0, "a free block before it");
+    // the only block of its page
+    let (mut p, live) = warm(0, true);
+    let (x, _) = p.alloc(req(3000)).unwrap();
+    p.free(p.allocations().iter().find(|a| a.size == 5000).unwrap().id)
+        .unwrap();
+    assert_eq!(held(&mut p, x), 0, "its whole page");
+    drop(live);
+    // 65 granules: not a bin's lower bound, so the good fit looks in the bins above
+    let (mut p, _) = warm(2, true);
+    let (a, _) = p.alloc(req(65 * GRANULE)).unwrap();
+    p.alloc(req(64 * KIB)).unwrap();
+    assert_eq!(held(&mut p, a), 0, "a size the good fit passes over");
+    // a free block in a bin between the request's and the merged block's is taken first
+    let (mut p, live) = warm(6, true);
+    p.free(live[1].0).unwrap(); // (held, then given back by the next free: a 64 KiB hole)
+    assert_eq!(
+        held(&mut p, live[5].0),
+        0,
+        "merged with the free tail, the hole is the better fit"
     );
-    for x in live {
-        p.free(x).unwrap();
-    }
-    cached(&mut p, 64 * KIB);
-    assert_eq!(p.close().unwrap(), 1);
-    assert_eq!(p.stats().cached_allocs, 0);
-    assert_eq!(p.stats().reserved_bytes, 0);
+    let (mut q, live) = warm(3, false);
+    q.free(live[1].0).unwrap();
+    assert_eq!(q.stats().cached_allocs, 0);
 }

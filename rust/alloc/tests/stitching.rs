@@ -12,7 +12,7 @@ fn reclaim_gives_stitching_the_pages_inside_segments() {
     let (a, _) = p.alloc(req(7 * MIB)).unwrap();
     let (_b, _) = p.alloc(req(7 * MIB)).unwrap();
     p.free(a).unwrap();
-    // (a's block waits in the exact-size cache, which a refused request gives back: give it
+    // (a's block waits in the size cache, which a refused request gives back: give it
     // back first, so that the refusal below changes nothing at all)
     p.flush_cache();
     let before = (unchanging(&p), p.page_snapshot());
