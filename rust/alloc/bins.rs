@@ -234,6 +234,37 @@ impl<const SELECT: bool> Bins<SELECT> {
         }
     }
 
+    /// Whether every non-empty bin in `[lo, hi)` is `allowed` (pass `NUM_BINS` to allow none):
+    /// one masked word per 64 bins of the range, no search.
+    #[inline]
+    pub fn only_in(&self, lo: usize, hi: usize, allowed: usize) -> bool {
+        let hi = hi.min(NUM_BINS);
+        if lo >= hi {
+            return true;
+        }
+        let (w0, w1) = (lo / 64, (hi - 1) / 64);
+        let mut w = w0;
+        loop {
+            let mut bits = self.bitmap[w];
+            if w == w0 {
+                bits &= !0u64 << (lo % 64);
+            }
+            if w == w1 {
+                bits &= !0u64 >> (63 - (hi - 1) % 64);
+            }
+            if allowed / 64 == w {
+                bits &= !(1u64 << (allowed % 64));
+            }
+            if bits != 0 {
+                return false;
+            }
+            if w == w1 {
+                return true;
+            }
+            w += 1;
+        }
+    }
+
     /// The highest non-empty bin at or below `bin`.
     #[inline]
     pub fn last_at_or_below(&self, bin: usize) -> Option<usize> {
@@ -436,6 +467,12 @@ mod tests {
         assert_eq!(bins.last_at_or_below(239), Some(200));
         assert_eq!(bins.last_at_or_below(199), Some(100));
         assert_eq!(bins.last_at_or_below(2), None);
+        // ranges holding no non-empty bin but the one allowed, in one word or across words
+        assert!(bins.only_in(0, 3, NUM_BINS) && bins.only_in(0, 4, 3) && bins.only_in(5, 5, 0));
+        assert!(!bins.only_in(0, 4, NUM_BINS) && !bins.only_in(2, 101, 3));
+        assert!(bins.only_in(4, 200, 100) && bins.only_in(101, 200, NUM_BINS));
+        assert!(!bins.only_in(101, 201, NUM_BINS) && !bins.only_in(4, NUM_BINS + 9, 200));
+        assert!(bins.only_in(201, NUM_BINS + 9, NUM_BINS));
         // the head, the tail and then the last item of a bin
         assert_eq!(bins.iter(&*links, 100).collect::<Vec<_>>(), [3, 1]);
         bins.remove(links, 3, 100);

@@ -1,39 +1,40 @@
-//! The size cache: a freed heap block kept whole for the request that comes next, when that
-//! request is of the block's size and the pool without the cache would place it at the
+//! The size cache: a freed heap block kept whole for the request that comes next, taken back
+//! by it when it is of the block's size and the pool without the cache would place it at the
 //! block's own address. The free's merge and the request's search and split are then
-//! skipped (a 64 KiB pair on a warm pool: 42 → 18 ns), and the layout after the request is
-//! the one the pool without the cache leaves: the cache never changes where memory goes, so
-//! it never makes the pool hold more (`cache_props.rs` checks every address on random
-//! streams).
+//! skipped, and the layout after the request is the one the pool without the cache leaves:
+//! the cache never changes where memory goes, so it never makes the pool hold more
+//! (`cache_props.rs` checks every address on random streams, also on the way to out of
+//! memory).
 //!
 //! The pool without the cache, freeing heap block B, merges it with its free neighbours into
 //! a block R and files R at the head of its bin; a request of B's size then takes the head
 //! of the lowest non-empty heap bin whose blocks all hold it (`Bins::find_fit`, with no scan
-//! of the request's own bin) and is cut from its start. That is B itself when, at the free:
+//! of the request's own bin) and is cut from its start. That is B itself when:
 //! - the block before B is not free (R starts where B does);
 //! - R is not its whole page (which would go back to the free pages instead);
 //! - R's bin is one whose blocks all hold the request;
 //! - no other free heap block is in a bin from the request's up to below R's (a free block
 //!   just after B, merged into R, is not counted when it is alone in its bin);
 //!
-//! and when nothing happens to the pool's blocks before that request. `Pool::holds_in_place`
-//! checks the first four; every other placement or free, and every operation that moves
-//! memory, gives the block back first (`flush_cache`: merged and binned, as the free would
-//! have done), and so does the request itself when it is of another size or when stream
-//! events wait (which it would poll first). On the hit, the free block after B goes to the
-//! head of its bin, where the split would have filed it.
+//! and when nothing happened to the pool's blocks since the free. The request checks the
+//! first four (`Pool::holds_in_place`, so that a free followed by a request of another size,
+//! most of them, pays for no check); every other placement or free, and every operation that
+//! moves memory, gives the block back first (`flush_cache`: merged and binned, as the free
+//! would have done), and so does a request of another size, one the checks refuse, and one
+//! while stream events wait (which it would poll first). On a hit, the free block after B
+//! goes to the head of its bin, where the split would have filed it.
 //!
 //! Kept out: holding freed blocks across other requests (deferred coalescing, as dlmalloc's
 //! fast bins do). It serves more requests (63–85 % of those of the RMM traces, against
 //! 17 % that follow a free of their size), but the layout it leaves parts from the pool's:
 //! on 1,000 random streams it peaked higher on 236, and on the corpus's held-out copies it
-//! took 20 over issue 27's bound against 11 (docs/reserve.md, "The size cache").
+//! took 26 over issue 27's bound against 14 (docs/reserve.md, "The size cache").
 
 #![deny(unsafe_code)]
 
-use super::bins::{bin_of, bin_up, NIL};
+use super::bins::{bin_of, bin_up, NIL, NUM_BINS};
 use super::config::{HEAP, HEAP_SCAN};
-use super::Pool;
+use super::{Layout, Pool};
 
 // `holds_in_place` mirrors the heap's good fit with no scan of the request's own bin.
 const _: () = assert!(HEAP_SCAN == 0);
@@ -98,10 +99,13 @@ impl SizeCache {
 }
 
 impl Pool {
-    /// Whether heap block `b` (in use, of `units` granules), freed now, would hold the next
-    /// request of `units` granules where it is: the checks of the module's comment.
+    /// Whether the heap block of cached slot `a`, had it been freed, would hold a request of
+    /// `units` granules where it is: the checks of the module's comment.
     #[inline]
-    pub(super) fn holds_in_place(&self, b: u32, units: u64) -> bool {
+    pub(super) fn holds_in_place(&self, a: u32, units: u64) -> bool {
+        let Layout::Block(b) = self.allocs[a as usize].layout else {
+            return false;
+        };
         let blk = self.blocks[b as usize];
         if !blk.heap || units >= self.small_units || blk.len as u64 != units {
             return false;
@@ -124,19 +128,16 @@ impl Pool {
         if own < want {
             return false; // the good fit does not look in its bin
         }
+        // below the merged block's bin, no free heap block but the one it absorbs, alone in
+        // its bin
         let heap = &self.primary[HEAP];
-        match heap.first_at_or_above(want) {
-            None => true,
-            Some(f) if f >= own => true,
-            // below the merged block's bin: only the free block it absorbs, alone in its bin
-            Some(f) => {
-                next_free
-                    && self.blocks[nx as usize].bin() == f
-                    && heap.head(f) == nx
-                    && self.blocks[nx as usize].links.next == NIL
-                    && heap.first_at_or_above(f + 1).is_none_or(|g| g >= own)
-            }
+        if !next_free {
+            return heap.only_in(want, own, NUM_BINS);
         }
+        let n = &self.blocks[nx as usize];
+        let tb = n.bin();
+        heap.only_in(want, own, tb)
+            && (tb < want || tb >= own || (heap.head(tb) == nx && n.links.next == NIL))
     }
 
     /// A held block `b` is taken back by a request of its size: the free block after it

@@ -113,7 +113,10 @@ impl Pool {
         if !self.cache.is_empty() {
             if self.events.is_empty() {
                 if let Some(a) = self.cache.take(units) {
-                    return Self::served(self.take_cached(a, req, units));
+                    if self.holds_in_place(a, units) {
+                        return Self::served(self.take_cached(a, req, units));
+                    }
+                    self.uncache(a);
                 }
             }
             self.flush_cache();

@@ -122,7 +122,7 @@ impl Pool {
     }
 
     /// Cached slot `a` gives its block back; the slot is vacant.
-    fn uncache(&mut self, a: u32) {
+    pub(super) fn uncache(&mut self, a: u32) {
         let x = &mut self.allocs[a as usize];
         debug_assert!(x.state == State::Cached);
         let layout = std::mem::replace(&mut x.layout, Layout::None);
@@ -248,9 +248,9 @@ impl Pool {
         if pending.is_none()
             && settle == Settle::Policy
             && self.cache_on
-            && matches!(layout, Layout::Block(b) if self.holds_in_place(b, units))
+            && matches!(layout, Layout::Block(b) if self.blocks[b as usize].heap)
         {
-            // kept whole for a next request of its size
+            // kept whole for the next request, if it is of its size and would go there
             self.allocs[a as usize].state = State::Cached;
             self.cache.hold(a, units as u32);
         } else {
