@@ -74,6 +74,7 @@ impl Pool {
         } else {
             (blk.bin(), blk.sec(), blk.heap)
         };
+        self.heap_changes += heap as u64;
         let primary = &mut self.primary[heap as usize];
         bin_op(primary, &mut BlockLinks(&mut self.blocks), b, bin, INSERT);
         if sec != 0 {

@@ -34,7 +34,7 @@
 
 use super::bins::{bin_of, bin_up, NIL, NUM_BINS};
 use super::config::{HEAP, HEAP_SCAN};
-use super::{Layout, Pool};
+use super::{Block, Layout, Pool};
 
 // `holds_in_place` mirrors the heap's good fit with no scan of the request's own bin.
 const _: () = assert!(HEAP_SCAN == 0);
@@ -101,8 +101,13 @@ impl SizeCache {
 impl Pool {
     /// Whether the heap block of cached slot `a`, had it been freed, would hold a request of
     /// `units` granules where it is: the checks of the module's comment.
+    ///
+    /// What the checks read changes only with the heap bins (a heap block is freed or taken
+    /// only through them; a block held or in use keeps its neighbours while nothing is
+    /// filed or taken out), so a block that passed passes again until the bins change: a
+    /// loop that frees and asks for one size pays for the checks once.
     #[inline]
-    pub(super) fn holds_in_place(&self, a: u32, units: u64) -> bool {
+    pub(super) fn holds_in_place(&mut self, a: u32, units: u64) -> bool {
         let Layout::Block(b) = self.allocs[a as usize].layout else {
             return false;
         };
@@ -110,6 +115,19 @@ impl Pool {
         if !blk.heap || units >= self.small_units || blk.len as u64 != units {
             return false;
         }
+        let stamp = (b, self.heap_changes);
+        if self.cache_ok == stamp {
+            return true;
+        }
+        let ok = self.would_place_at(blk);
+        if ok {
+            self.cache_ok = stamp;
+        }
+        ok
+    }
+
+    /// `holds_in_place`'s checks of a heap block `blk`, of the request's size.
+    fn would_place_at(&self, blk: Block) -> bool {
         if blk.prev != NIL && self.binned_free(blk.prev) {
             return false; // merged, it would start before `b`
         }
@@ -124,7 +142,7 @@ impl Pool {
         if blk.prev == NIL && after == NIL {
             return false; // its whole page: the page would go back
         }
-        let (want, own) = (bin_up(units as u32), bin_of(len));
+        let (want, own) = (bin_up(blk.len), bin_of(len));
         if own < want {
             return false; // the good fit does not look in its bin
         }

@@ -192,6 +192,11 @@ pub struct Pool {
     /// for good once the pool closes. (An undo frees without caching: `Settle::Exact`.)
     cache: SizeCache,
     cache_on: bool,
+    /// Free heap blocks filed or taken out so far (`rebin`).
+    heap_changes: u64,
+    /// (block, `heap_changes`) of the last block `holds_in_place` passed: the same block
+    /// with nothing filed or taken out of the heap bins since passes again (`cache.rs`).
+    cache_ok: (u32, u64),
     /// Steps recorded or served from a plan (`step.rs`).
     steps: step::Steps,
     /// The free block after the last large request below a page (`grow.rs`; NIL: none).
@@ -300,6 +305,8 @@ impl Pool {
             first_stream: None,
             streams_mixed: false,
             cache: SizeCache::default(),
+            heap_changes: 0,
+            cache_ok: (NIL, u64::MAX),
             cache_on: cfg.size_cache && cfg.release_threshold.is_none(),
             steps: step::Steps::default(),
             frontier: NIL,
