@@ -130,11 +130,8 @@ CLASSES: Dict[str, Callable[[], Events]] = {
 
 #: classes where a target is not met yet: what gpumm measures (peak reserved / peak live)
 OPEN: Dict[str, str] = {
-    "kv_cache": "1.232 x 21.1 MiB (26 MiB), over 1.02 x + 4 MiB by half a page: short-lived "
-                "tensors in free blocks between KV buffers keep freed buffers' holes from "
-                "merging (docs/reserve.md)",
     "interleaved": "1.079 x 170.6 MiB; caching 1.055, cupy 1.081",
-    "streams": "1.107 x 168.1 MiB, over 1.02 x + 4 MiB (the best of the others: 1.283): "
+    "streams": "1.083 x 168.1 MiB (182 MiB), over 1.02 x + 4 MiB (the best of the others: 1.283): "
                "page ends of mid-size tensors and half-empty heap pages (docs/reserve.md)",
 }
 

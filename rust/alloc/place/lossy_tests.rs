@@ -37,6 +37,10 @@ fn the_rule_leaves_small_pools_and_requests_that_tile_a_page_alone() {
     assert!(after(2, 588 * KIB, 10).1 > 0);
     // 512 KiB tiles a page: heap pages, four to a page
     assert_eq!(after(130, 512 * KIB, 8), (4, 2));
-    // under a quarter page: heap pages, whatever the tail
-    assert_eq!(after(130, 300 * KIB, 6), (2, 1));
+    // under an eighth of a page: heap pages, whatever the tail
+    assert!(200 * KIB * (LOSSY_DIV as u64) < 2 * MIB);
+    assert_eq!(after(130, 200 * KIB, 6), (2, 1));
+    // an eighth or more with a tail over 1/16 (300 KiB leaves 248 KiB): back to back
+    assert!(300 * KIB * (LOSSY_DIV as u64) >= 2 * MIB);
+    assert_eq!(after(130, 300 * KIB, 6), (2, 0));
 }
