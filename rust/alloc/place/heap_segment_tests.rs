@@ -187,3 +187,18 @@ fn defrag_keeps_heap_segments_over_pages_valid() {
         "no heap segment over two pages, or nothing moved"
     );
 }
+
+#[test]
+fn a_free_end_of_an_eighth_of_the_request_is_run_on_from() {
+    // two 974 KiB blocks leave a 100 KiB free end: a request of up to 8 × 100 KiB starts in
+    // it, across the page end; a larger one takes a fresh heap page (`HEAP_EXTEND_DIV`)
+    for (size, runs_on) in [(600 * KIB, true), (800 * KIB, true), (900 * KIB, false)] {
+        let mut p = pool(true, None, false);
+        alloc(&mut p, 974 * KIB).unwrap();
+        alloc(&mut p, 974 * KIB).unwrap();
+        assert_eq!((p.reserved_bytes(), spanning(&p)), (2 * MIB, 0));
+        alloc(&mut p, size).unwrap();
+        assert_eq!(p.reserved_bytes(), 4 * MIB);
+        assert_eq!(spanning(&p) == 2, runs_on, "{} KiB", size / KIB);
+    }
+}
