@@ -16,7 +16,11 @@
 //! - no other free heap block is in a bin from the request's up to below R's (a free block
 //!   just after B, merged into R, is not counted when it is alone in its bin);
 //!
-//! and when nothing happened to the pool's blocks since the free. The request checks the
+//! and when nothing happened to the pool's blocks since the free. In a pool of at least
+//! `SMALL_POOL` the heap takes the best of a few candidates instead (`Bins::find_best` with
+//! `HEAP_BEST_SCAN`): there the check runs that search over the bins as the pool without the
+//! cache would hold them (R at the head of its bin, the free block it absorbs gone) and
+//! passes when it picks R (`Pool::best_takes`). The request checks the
 //! first four (`Pool::holds_in_place`, so that a free followed by a request of another size,
 //! most of them, pays for no check); every other placement or free, and every operation that
 //! moves memory, gives the block back first (`flush_cache`: merged and binned, as the free
@@ -33,8 +37,8 @@
 #![deny(unsafe_code)]
 
 use super::bins::{bin_of, bin_up, NIL, NUM_BINS};
-use super::config::{HEAP, HEAP_SCAN};
-use super::{Block, Layout, Pool};
+use super::config::{HEAP, HEAP_BEST_SCAN, HEAP_SCAN};
+use super::{Block, BlockLinksRef, Layout, Pool};
 
 // `holds_in_place` mirrors the heap's good fit with no scan of the request's own bin.
 const _: () = assert!(HEAP_SCAN == 0);
@@ -115,7 +119,8 @@ impl Pool {
         if !blk.heap || units >= self.small_units || blk.len as u64 != units {
             return false;
         }
-        let stamp = (b, self.heap_changes);
+        // (the pool's size picks the heap's fit: a pass holds for that fit only)
+        let stamp = (b, self.heap_changes << 1 | self.small_pool() as u64);
         if self.cache_ok == stamp {
             return true;
         }
@@ -142,6 +147,9 @@ impl Pool {
         if blk.prev == NIL && after == NIL {
             return false; // its whole page: the page would go back
         }
+        if !self.small_pool() {
+            return self.best_takes(blk.len, len, if next_free { nx } else { NIL });
+        }
         let (want, own) = (bin_up(blk.len), bin_of(len));
         if own < want {
             return false; // the good fit does not look in its bin
@@ -156,6 +164,59 @@ impl Pool {
         let tb = n.bin();
         heap.only_in(want, own, tb)
             && (tb < want || tb >= own || (heap.head(tb) == nx && n.links.next == NIL))
+    }
+
+    /// Whether the heap's best fit for `n` granules (`Bins::find_best`, `HEAP_BEST_SCAN`)
+    /// picks the merged block R of `r` granules in the bins the pool without the cache
+    /// would have: R at the head of its bin, and `nx` (the free block R absorbs, or NIL)
+    /// out of its own.
+    fn best_takes(&self, n: u32, r: u32, nx: u32) -> bool {
+        let heap = &self.primary[HEAP];
+        let links = BlockLinksRef(&self.blocks);
+        let rb = bin_of(r);
+        // the first candidates of bin `k` in that view: (size, whether it is R)
+        let seen = |k: usize| {
+            (k == rb)
+                .then_some((r, true))
+                .into_iter()
+                .chain(
+                    heap.iter(&links, k)
+                        .filter(move |&i| i != nx)
+                        .map(|i| (self.blocks[i as usize].len, false)),
+                )
+                .take(HEAP_BEST_SCAN)
+        };
+        let consider = |k: usize, best: &mut Option<(u32, bool)>| {
+            for (s, is_r) in seen(k) {
+                if s >= n && best.is_none_or(|(b, _)| s < b) {
+                    *best = Some((s, is_r));
+                    if s == n {
+                        return;
+                    }
+                }
+            }
+        };
+        let own = bin_of(n);
+        let mut best = None;
+        consider(own, &mut best);
+        if best.is_none_or(|(s, _)| s > n) {
+            // the lowest bin above `own` that holds a block in that view
+            let mut above = heap.first_at_or_above(own + 1);
+            if nx != NIL && above == Some(self.blocks[nx as usize].bin()) {
+                let alone = heap.head(above.unwrap()) == nx
+                    && self.blocks[nx as usize].links.next == NIL;
+                if alone {
+                    above = heap.first_at_or_above(above.unwrap() + 1);
+                }
+            }
+            if rb > own {
+                above = Some(above.map_or(rb, |k| k.min(rb)));
+            }
+            if let Some(k) = above {
+                consider(k, &mut best);
+            }
+        }
+        best.is_some_and(|(_, is_r)| is_r)
     }
 
     /// A held block `b` is taken back by a request of its size: the free block after it

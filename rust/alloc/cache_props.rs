@@ -85,6 +85,29 @@ proptest! {
         prop_assert_eq!(none, 0, "no cache, no hits");
         prop_assert_eq!(&with, &without);
     }
+
+    /// The same in a pool of at least `SMALL_POOL`, whose heap takes the best fit (the check
+    /// mirrors that search: `Pool::best_takes`).
+    #[test]
+    fn the_size_cache_never_changes_where_memory_goes_in_a_large_pool(
+        steps in stream_of_requests()
+    ) {
+        let steps = in_a_large_pool(steps);
+        let (with, _) = run_on(&steps, 64 << 30, false, true);
+        let (without, _) = run_on(&steps, 64 << 30, false, false);
+        prop_assert_eq!(with.failures, 0);
+        prop_assert_eq!(&with, &without);
+    }
+}
+
+/// `steps` after a first request of `SMALL_POOL` bytes: the pool is a large one throughout
+/// (it keeps its pages when that request is freed).
+fn in_a_large_pool(steps: Vec<Step>) -> Vec<Step> {
+    let first = Step::Alloc {
+        size: SMALL_POOL,
+        stream: 0,
+    };
+    std::iter::once(first).chain(steps).collect()
 }
 
 /// On a warm pool, a fixed pair and a free followed by a request of its size are served by
@@ -104,10 +127,12 @@ fn the_size_cache_serves_repeated_sizes() {
         });
         steps.push(Step::Free(k % 7));
     }
-    let (with, hits) = run_on(&steps, 64 << 30, false, true);
-    let (without, _) = run_on(&steps, 64 << 30, false, false);
-    assert_eq!(with, without);
-    assert!(hits >= 90, "{hits} of 100 requests served by the cache");
+    for steps in [steps.clone(), in_a_large_pool(steps)] {
+        let (with, hits) = run_on(&steps, 64 << 30, false, true);
+        let (without, _) = run_on(&steps, 64 << 30, false, false);
+        assert_eq!(with, without);
+        assert!(hits >= 90, "{hits} of 100 requests served by the cache");
+    }
 }
 
 /// What a replay of a stream gave: requests refused, the peak reserve, and the address of

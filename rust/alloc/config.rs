@@ -22,6 +22,20 @@ pub(super) const SCAN: usize = 8;
 /// candidates) → 99.63 % (none), against 99.62 % with 8 bins and 8 candidates
 /// (benches/RESULTS.md).
 pub(super) const HEAP_SCAN: usize = 0;
+/// In a pool of at least `SMALL_POOL`, a small request takes the best fit among the first
+/// `HEAP_BEST_SCAN` blocks of its own heap bin and of the lowest non-empty bin above it
+/// (`Bins::find_best`) instead of the good fit, which skips its own bin: a block of its own
+/// bin that holds it is the closest fit there is, and the good fit cuts it from a larger one,
+/// leaving a remainder that only smaller requests fill. Measured with the lossy rule as it is
+/// (`scripts/reserve_table.py`, `scripts/class_seeds.py CLASS --seeds 10-89`,
+/// `scripts/robustness.py`; docs/reserve.md, "Heap pages"): swin_train 268 → 264 MiB,
+/// wav2vec2_ctc_train 224 → 222, the interleaved class over 80 seeds 15,196 → 15,082 MiB,
+/// the held-out copies 64,238 → 64,216 MiB; no corpus row or other class rises (the three
+/// streams 14,798 → 14,806 over 80 seeds, a page either way on single seeds). One candidate
+/// a bin: the streams 14,824, the interleaved 15,112; four, or eight from two bins: the
+/// same as two. The good fit stays below `SMALL_POOL`: the best fit there took gpt2_decode
+/// 34 → 36 MiB and the KV cache class's seed 24 → 26, each over its bound.
+pub(super) const HEAP_BEST_SCAN: usize = 2;
 /// The same for a request placed in a free block of a large segment: 2 instead of 8 left the
 /// fill to failure and the traces' reserve unchanged and saved 1–2 ns a mixed churn pair; 0
 /// raised resnet50's peak reserved ÷ peak live from 1.0137 to 1.0211. 1 instead of 2: the

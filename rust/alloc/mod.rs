@@ -187,6 +187,9 @@ pub struct Pool {
     /// stream needs no event (`free_when_done`).
     first_stream: Option<u64>,
     streams_mixed: bool,
+    /// Whether a request of `small_threshold` or more has come (`place`, `place_batch`):
+    /// until one does, the lossy rule keeps small requests in heap pages (`Pool::lossy`).
+    served_large: bool,
     /// A freed heap block kept for the next request if it is of its size (see `cache.rs`);
     /// on unless pages go back to the device as they free up (a release threshold), and off
     /// for good once the pool closes. (An undo frees without caching: `Settle::Exact`.)
@@ -304,6 +307,7 @@ impl Pool {
             closed: false,
             first_stream: None,
             streams_mixed: false,
+            served_large: false,
             cache: SizeCache::default(),
             heap_changes: 0,
             cache_ok: (NIL, u64::MAX),

@@ -47,3 +47,27 @@ fn the_rule_leaves_small_pools_and_requests_that_tile_a_page_alone() {
     assert!(300 * KIB * (LOSSY_DIV as u64) >= 2 * MIB);
     assert_eq!(after(130, 300 * KIB, 6), (2, 0));
 }
+
+#[test]
+fn a_pool_of_small_requests_only_keeps_them_in_heap_pages() {
+    // 70 MiB of 200 KiB requests, then 588 KiB ones: no large request has come, so no large
+    // segment is opened for them (the heap pages' holes stay usable by every small request)
+    let mut p = Pool::new(device(1 << 30), PoolConfig::new(2 * MIB)).unwrap();
+    for _ in 0..(70 * MIB / (200 * KIB)) {
+        alloc(&mut p, 200 * KIB);
+    }
+    assert!(p.reserved_bytes() >= SMALL_POOL);
+    for _ in 0..10 {
+        alloc(&mut p, 588 * KIB);
+    }
+    let large = |p: &Pool| p.page_snapshot().iter().filter(|pg| pg.kind == "large").count();
+    assert_eq!(large(&p), 0);
+    // the first large request turns the rule on
+    alloc(&mut p, 3 * MIB);
+    let before = large(&p);
+    for _ in 0..10 {
+        alloc(&mut p, 588 * KIB);
+    }
+    assert!(large(&p) > before, "588 KiB requests lie back to back in large segments");
+    p.validate().unwrap();
+}
