@@ -203,8 +203,8 @@ impl Pool {
             // the lowest bin above `own` that holds a block in that view
             let mut above = heap.first_at_or_above(own + 1);
             if nx != NIL && above == Some(self.blocks[nx as usize].bin()) {
-                let alone = heap.head(above.unwrap()) == nx
-                    && self.blocks[nx as usize].links.next == NIL;
+                let alone =
+                    heap.head(above.unwrap()) == nx && self.blocks[nx as usize].links.next == NIL;
                 if alone {
                     above = heap.first_at_or_above(above.unwrap() + 1);
                 }

@@ -51,5 +51,8 @@ fn a_large_pool_takes_the_closest_block_of_the_requests_own_bin() {
 #[test]
 fn a_small_pool_keeps_the_good_fit() {
     let (z, _, y) = landing(0);
-    assert_eq!(z, y, "the good fit: the head of the lowest bin whose blocks all hold it");
+    assert_eq!(
+        z, y,
+        "the good fit: the head of the lowest bin whose blocks all hold it"
+    );
 }

@@ -60,7 +60,12 @@ fn a_pool_of_small_requests_only_keeps_them_in_heap_pages() {
     for _ in 0..10 {
         alloc(&mut p, 588 * KIB);
     }
-    let large = |p: &Pool| p.page_snapshot().iter().filter(|pg| pg.kind == "large").count();
+    let large = |p: &Pool| {
+        p.page_snapshot()
+            .iter()
+            .filter(|pg| pg.kind == "large")
+            .count()
+    };
     assert_eq!(large(&p), 0);
     // the first large request turns the rule on
     alloc(&mut p, 3 * MIB);
@@ -68,6 +73,9 @@ fn a_pool_of_small_requests_only_keeps_them_in_heap_pages() {
     for _ in 0..10 {
         alloc(&mut p, 588 * KIB);
     }
-    assert!(large(&p) > before, "588 KiB requests lie back to back in large segments");
+    assert!(
+        large(&p) > before,
+        "588 KiB requests lie back to back in large segments"
+    );
     p.validate().unwrap();
 }
