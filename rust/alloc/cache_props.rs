@@ -85,6 +85,12 @@ proptest! {
         prop_assert_eq!(none, 0, "no cache, no hits");
         prop_assert_eq!(&with, &without);
     }
+}
+
+proptest! {
+    // (64 streams, to keep the unoptimised `cargo test` short, where the 256 streams of each
+    // property above take minutes with the checks after every mutation)
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
 
     /// The same in a pool of at least `SMALL_POOL`, whose heap takes the best fit (the check
     /// mirrors that search: `Pool::best_takes`).
