@@ -24,17 +24,18 @@ pub(super) const SCAN: usize = 8;
 pub(super) const HEAP_SCAN: usize = 0;
 /// In a pool of at least `SMALL_POOL`, a small request takes the best fit among the first
 /// `HEAP_BEST_SCAN` blocks of its own heap bin and of the lowest non-empty bin above it
-/// (`Bins::find_best`) instead of the good fit, which skips its own bin: a block of its own
-/// bin that holds it is the closest fit there is, and the good fit cuts it from a larger one,
-/// leaving a remainder that only smaller requests fill. Measured with the lossy rule as it is
-/// (`scripts/reserve_table.py`, `scripts/class_seeds.py CLASS --seeds 10-89`,
-/// `scripts/robustness.py`; docs/reserve.md, "Heap pages"): swin_train 268 → 264 MiB,
-/// wav2vec2_ctc_train 224 → 222, the interleaved class over 80 seeds 15,196 → 15,082 MiB,
-/// the held-out copies 64,238 → 64,216 MiB; no corpus row or other class rises (the three
-/// streams 14,798 → 14,806 over 80 seeds, a page either way on single seeds). One candidate
-/// a bin: the streams 14,824, the interleaved 15,112; four, or eight from two bins: the
-/// same as two. The good fit stays below `SMALL_POOL`: the best fit there took gpt2_decode
-/// 34 → 36 MiB and the KV cache class's seed 24 → 26, each over its bound.
+/// (`Bins::find_best`) instead of the good fit, which skips its own bin: a block of the own
+/// bin that holds the request is the closest fit there is, where the good fit cuts the
+/// request from a larger block and leaves a remainder that only smaller requests fill.
+/// Measured with the lossy rule as it is (`scripts/reserve_table.py`,
+/// `scripts/class_seeds.py CLASS --seeds 10-89`, `scripts/robustness.py`; docs/reserve.md,
+/// "Heap fit in large pools"): swin_train 268 → 264 MiB, wav2vec2_ctc_train 224 → 222, the
+/// interleaved class over 80 seeds 15,196 → 15,082 MiB, the held-out copies 64,238 → 64,216
+/// MiB; no corpus row rises, the streams 14,798 → 14,806 over 80 seeds (a page either way
+/// on single seeds), the other classes the same. One candidate a bin: the streams 14,824,
+/// the interleaved 15,112; four a bin, or eight from each of three bins: within 2 MiB of
+/// two. The good fit stays below `SMALL_POOL`: the best fit there took gpt2_decode 34 → 36
+/// MiB and the KV cache class's seed 24 → 26, each over its bound.
 pub(super) const HEAP_BEST_SCAN: usize = 2;
 /// The same for a request placed in a free block of a large segment: 2 instead of 8 left the
 /// fill to failure and the traces' reserve unchanged and saved 1–2 ns a mixed churn pair; 0

@@ -81,7 +81,7 @@ impl Pool {
     /// lie beside: there the rule would open large segments for them alone, and the small
     /// requests' free space would be split over two kinds of page, each with holes the other
     /// cannot use (the interleaved class over 80 seeds, 15,370 → 15,196 MiB; no corpus
-    /// trace moves: docs/reserve.md, "Heap pages").
+    /// trace moves: docs/reserve.md, "Heap fit in large pools").
     #[inline]
     fn lossy(&self, units: u32) -> bool {
         // (the division last: most requests that reach here are below a quarter page)
