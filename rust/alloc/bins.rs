@@ -334,21 +334,11 @@ impl<const SELECT: bool> Bins<SELECT> {
     ) -> Option<u32> {
         let own = bin_of(n);
         let mut best: Option<(u32, u32)> = None;
-        let consider = |bin: usize, best: &mut Option<(u32, u32)>| {
-            for i in self.iter(links, bin).take(scan) {
-                let s = size(i);
-                if s >= n && best.is_none_or(|(b, _)| s < b) {
-                    *best = Some((s, i));
-                    if s == n {
-                        return;
-                    }
-                }
-            }
-        };
-        consider(own, &mut best);
+        let items = |bin| self.iter(links, bin).take(scan).map(|i| (size(i), i));
+        fold_best(n, items(own), &mut best);
         if best.is_none_or(|(s, _)| s > n) {
             if let Some(bin) = self.first_at_or_above(own + 1) {
-                consider(bin, &mut best);
+                fold_best(n, items(bin), &mut best);
             }
         }
         best.map(|(_, i)| i)
@@ -425,6 +415,25 @@ impl<const SELECT: bool> Bins<SELECT> {
             ));
         }
         Ok(())
+    }
+}
+
+/// Folds candidates `(size, item)` into `best`: the smallest that holds `n` units (the first
+/// of equal sizes), stopping at an exact fit. `Bins::find_best` runs it over each bin it
+/// looks at, and the size cache's check over the bins as they would be (`Pool::best_takes`).
+#[inline]
+pub fn fold_best<T: Copy>(
+    n: u32,
+    items: impl Iterator<Item = (u32, T)>,
+    best: &mut Option<(u32, T)>,
+) {
+    for (s, i) in items {
+        if s >= n && best.is_none_or(|(b, _)| s < b) {
+            *best = Some((s, i));
+            if s == n {
+                return;
+            }
+        }
     }
 }
 

@@ -36,7 +36,7 @@
 
 #![deny(unsafe_code)]
 
-use super::bins::{bin_of, bin_up, NIL, NUM_BINS};
+use super::bins::{bin_of, bin_up, fold_best, NIL, NUM_BINS};
 use super::config::{HEAP, HEAP_BEST_SCAN, HEAP_SCAN};
 use super::{Block, BlockLinksRef, Layout, Pool};
 
@@ -186,19 +186,9 @@ impl Pool {
                 )
                 .take(HEAP_BEST_SCAN)
         };
-        let consider = |k: usize, best: &mut Option<(u32, bool)>| {
-            for (s, is_r) in seen(k) {
-                if s >= n && best.is_none_or(|(b, _)| s < b) {
-                    *best = Some((s, is_r));
-                    if s == n {
-                        return;
-                    }
-                }
-            }
-        };
         let own = bin_of(n);
         let mut best = None;
-        consider(own, &mut best);
+        fold_best(n, seen(own), &mut best);
         if best.is_none_or(|(s, _)| s > n) {
             // the lowest bin above `own` that holds a block in that view
             let mut above = heap.first_at_or_above(own + 1);
@@ -213,7 +203,7 @@ impl Pool {
                 above = Some(above.map_or(rb, |k| k.min(rb)));
             }
             if let Some(k) = above {
-                consider(k, &mut best);
+                fold_best(n, seen(k), &mut best);
             }
         }
         best.is_some_and(|(_, is_r)| is_r)
