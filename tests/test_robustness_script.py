@@ -3,26 +3,20 @@ step repeated) are what it says, and its table has a line per trace."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
 from gpumm.traces import read_rmm_csv, replay_pool
 from gpumm.units import KiB, MiB
+from script_loader import load_script
 from test_reserve_classes import _Gen, write_csv
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def rob():
-    spec = importlib.util.spec_from_file_location("robustness", ROOT / "scripts" / "robustness.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("robustness")
 
 
 def steps_trace(path: Path, steps: int = 3, seed: int = 7):

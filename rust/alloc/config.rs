@@ -115,11 +115,12 @@ pub(super) const COMPACT_PASSES: usize = 8;
 /// How many batch records (see `Pool::batches`) wait outside the pointer index at most.
 pub(super) const BATCH_RECORDS: usize = 64;
 
-/// See `extend_heap`: the last free block a heap segment runs on from holds at least an
-/// eighth of the request. At a quarter the KV cache class's seed 24 → 26 MiB (over its
-/// bound, 25.5; nine seeds 226 → 228) and the interleaved class's nine seeds 1,714 → 1,710,
-/// no corpus row or held-out copy moves; at a sixteenth the interleaved class's seed 184 →
-/// 186 (docs/reserve.md, "Thresholds").
+/// See `extend_heap`: in a pool below `SMALL_POOL`, the last free block a heap segment runs
+/// on from holds at least an eighth of the request (above it any free end will do). At a
+/// quarter the KV cache class's seed 24 → 26 MiB (over its bound, 25.5; nine seeds 226 →
+/// 228), no corpus row or held-out copy moves; with any free end in small pools too, the
+/// KV cache class over 80 seeds 2,034 → 2,038 (docs/reserve.md, "Thresholds" and "The
+/// classes on seeds they were not tuned on").
 pub(super) const HEAP_EXTEND_DIV: u32 = 8;
 /// See `lossy`: a small request of at least 1/`LOSSY_DIV` of a page whose page tail (a
 /// page's remainder after as many of it as fit) is over 1/`LOSSY_TAIL_DIV` of a page, in a

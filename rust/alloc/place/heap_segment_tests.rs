@@ -202,3 +202,39 @@ fn a_free_end_of_an_eighth_of_the_request_is_run_on_from() {
         assert_eq!(spanning(&p) == 2, runs_on, "{} KiB", size / KIB);
     }
 }
+
+/// Eight 255 KiB blocks in a heap page leave an 8 KiB free end, under an eighth of a
+/// 200 KiB request; `large_first` makes the pool 64 MiB (`SMALL_POOL`) before them.
+fn sliver_then_request(large_first: bool) -> Pool {
+    let mut p = pool(true, None, false);
+    if large_first {
+        alloc(&mut p, 64 * MIB).unwrap();
+    }
+    for _ in 0..8 {
+        alloc(&mut p, 255 * KIB).unwrap();
+    }
+    assert_eq!(spanning(&p), 0);
+    alloc(&mut p, 200 * KIB).unwrap();
+    p
+}
+
+#[test]
+fn a_large_pool_runs_a_heap_segment_on_from_any_free_end() {
+    // a fresh heap page would leave the 8 KiB end a sliver for good; at 64 MiB and more the
+    // segment runs on whatever the end's length (the interleaved class over 80 seeds,
+    // docs/reserve.md, "The classes on seeds they were not tuned on")
+    let p = sliver_then_request(true);
+    assert_eq!(p.reserved_bytes(), 68 * MIB);
+    assert_eq!(
+        spanning(&p),
+        2,
+        "the heap segment runs on over the new page"
+    );
+}
+
+#[test]
+fn a_small_pool_runs_on_only_from_an_eighth_of_the_request() {
+    let p = sliver_then_request(false);
+    assert_eq!(p.reserved_bytes(), 4 * MIB);
+    assert_eq!(spanning(&p), 0, "a fresh heap page");
+}
