@@ -78,6 +78,8 @@ def table(report: Report) -> Group:
     ]
     if pl is not None:
         parts.append(Text(planned_text(report), style="dim"))
+    if page_text(report):
+        parts.append(Text(page_text(report), style="dim"))
     rec = report.recorded_peak_reserved
     if rec:
         rows = [[name, f"{r.peak_reserved / rec - 1:+.2%}" if r.ran else "error",
@@ -102,6 +104,27 @@ def planned_text(report: Report) -> str:
     if g is not None and g.ran and pl.peak_reserved:
         line += f"; gpumm reserves {g.peak_reserved / pl.peak_reserved:.4f} × the plan"
     return line
+
+
+#: the page of gpumm's pool in a replay (CUDA's VMM granularity, ``cuMemGetAllocationGranularity``)
+PAGE = 2 << 20
+
+
+def page_text(report: Report) -> str:
+    """Names the models that reserve less than the pages the peak live fills (none: ""): no
+    allocator that maps memory in whole pages, gpumm's pool included, can match them, as
+    they count the bytes they ask the device for (docs/reserve.md, "Page granularity").
+    ``driver``, the lower bound, is left out."""
+    floor = -(-report.peak_live // PAGE) * PAGE
+    under = [name for name, r in report.results.items()
+             if name not in ("gpumm", "driver") and r.ran and r.peak_reserved < floor]
+    if not under:
+        return ""
+    return (f"{', '.join(under)} reserve{'s' if len(under) == 1 else ''} less than the 2 MiB "
+            f"pages that the peak live fills ({floor >> 20:,} MiB): no allocator that maps "
+            f"whole pages (gpumm's pool, CUDA's VMM granularity) can reserve less than that; "
+            f"{'it counts' if len(under) == 1 else 'they count'} the bytes asked of the "
+            f"device, not the pages those take.")
 
 
 def _rich_table(title: str, heads: List[str], rows: List[List[str]]) -> Table:
@@ -322,6 +345,8 @@ def _device_section(report: Report, heading: bool, trace: Any = None, diagnosis:
                 f"live).</p>") if rec and report.peak_live else ""
     title = f"<h2>device {report.device}</h2>" if heading else ""
     planned = f"<p class=note>{esc(planned_text(report))}</p>" if pl is not None else ""
+    if page_text(report):
+        planned += f"<p class=note>{esc(page_text(report))}</p>"
     extra = _trace_parts(report, trace, diagnosis, tuned, lv)
     return f"""<section id="device-{report.device}">{title}
 <p>{esc(report.format)} trace: {report.events} events, {report.allocations} allocations, peak
