@@ -28,8 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 MiB = 1 << 20
-#: the pool's page (gpumm's default at 2 MiB, CUDA's VMM granularity)
-PAGE = 2 * MiB
 
 
 def seeds_of(text: str) -> List[int]:
@@ -44,6 +42,7 @@ def seeds_of(text: str) -> List[int]:
 def main(argv: List[str]) -> int:
     import test_reserve_classes as t
     from gpumm.replay import replay
+    from gpumm.report import page_floor
     from gpumm.traces import read_rmm_csv
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -63,7 +62,7 @@ def main(argv: List[str]) -> int:
             trace = read_rmm_csv(t.write_csv(gen(s), Path(d) / f"{a.name}-{s}.csv"))
             rep = replay(trace, models, capacity="80GiB", min_capacity=False, planned=False)
             bounds.append(1.02 * rep.peak_live / MiB + 4)
-            floors.append(-(-rep.peak_live // PAGE) * PAGE / MiB)
+            floors.append(page_floor(rep.peak_live) / MiB)
             for m in models:
                 rows[m].append(rep.results[m].peak_reserved / MiB)
     print(f"{'seed':20s}" + "".join(f"{s:>8d}" for s in seeds) + f"{'sum':>9s}")

@@ -78,8 +78,9 @@ def table(report: Report) -> Group:
     ]
     if pl is not None:
         parts.append(Text(planned_text(report), style="dim"))
-    if page_text(report):
-        parts.append(Text(page_text(report), style="dim"))
+    pages = page_text(report)
+    if pages:
+        parts.append(Text(pages, style="dim"))
     rec = report.recorded_peak_reserved
     if rec:
         rows = [[name, f"{r.peak_reserved / rec - 1:+.2%}" if r.ran else "error",
@@ -110,12 +111,18 @@ def planned_text(report: Report) -> str:
 PAGE = 2 << 20
 
 
+def page_floor(peak_live: int) -> int:
+    """``peak_live`` bytes rounded up to whole pages: the least a pool of ``PAGE`` pages can
+    reserve."""
+    return -(-peak_live // PAGE) * PAGE
+
+
 def page_text(report: Report) -> str:
     """Names the models that reserve less than the pages the peak live fills (none: ""): no
     allocator that maps memory in whole pages, gpumm's pool included, can match them, as
     they count the bytes they ask the device for (docs/reserve.md, "Page granularity").
     ``driver``, the lower bound, is left out."""
-    floor = -(-report.peak_live // PAGE) * PAGE
+    floor = page_floor(report.peak_live)
     under = [name for name, r in report.results.items()
              if name not in ("gpumm", "driver") and r.ran and r.peak_reserved < floor]
     if not under:
@@ -345,8 +352,9 @@ def _device_section(report: Report, heading: bool, trace: Any = None, diagnosis:
                 f"live).</p>") if rec and report.peak_live else ""
     title = f"<h2>device {report.device}</h2>" if heading else ""
     planned = f"<p class=note>{esc(planned_text(report))}</p>" if pl is not None else ""
-    if page_text(report):
-        planned += f"<p class=note>{esc(page_text(report))}</p>"
+    pages = page_text(report)
+    if pages:
+        planned += f"<p class=note>{esc(pages)}</p>"
     extra = _trace_parts(report, trace, diagnosis, tuned, lv)
     return f"""<section id="device-{report.device}">{title}
 <p>{esc(report.format)} trace: {report.events} events, {report.allocations} allocations, peak
