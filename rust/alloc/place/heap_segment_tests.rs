@@ -238,3 +238,40 @@ fn a_small_pool_runs_on_only_from_an_eighth_of_the_request() {
     assert_eq!(p.reserved_bytes(), 4 * MIB);
     assert_eq!(spanning(&p), 0, "a fresh heap page");
 }
+
+/// Two heap pages side by side, each full: 1,000 + 1,000 + 48 KiB, then 48 + 1,000 + 1,000
+/// KiB; the 48 KiB blocks around the page end are freed, the next page's first then the
+/// other page's last, and a 96 KiB request follows (the size cache gives the last freed
+/// block back for it, which is when that block merges). `large_first` makes the pool 64
+/// MiB (`SMALL_POOL`) before them. Returns the pool and its reserve besides that 64 MiB.
+fn two_free_ends_then_request(large_first: bool) -> (Pool, u64) {
+    let mut p = pool(true, None, false);
+    if large_first {
+        alloc(&mut p, 64 * MIB).unwrap();
+    }
+    let base = p.reserved_bytes();
+    let [_, _, y] = [1000, 1000, 48].map(|k| alloc(&mut p, k * KIB).unwrap());
+    let [z, _, _] = [48, 1000, 1000].map(|k| alloc(&mut p, k * KIB).unwrap());
+    assert_eq!((p.reserved_bytes() - base, spanning(&p)), (4 * MIB, 0));
+    p.free(z).unwrap();
+    p.free(y).unwrap();
+    alloc(&mut p, 96 * KIB).unwrap();
+    let grown = p.reserved_bytes() - base;
+    (p, grown)
+}
+
+#[test]
+fn a_small_pool_joins_a_freed_heap_end_with_the_next_pages_free_start() {
+    // the two 48 KiB ends become one 96 KiB block across the page end, which holds the
+    // request: without the join the pool grows by a page for it
+    let (p, grown) = two_free_ends_then_request(false);
+    assert_eq!(grown, 4 * MIB, "the request in the joined ends");
+    assert_eq!(spanning(&p), 2, "one heap segment over both pages");
+}
+
+#[test]
+fn a_large_pool_keeps_its_heap_pages_apart() {
+    // at 64 MiB and more the join raised the three streams (docs/reserve.md)
+    let (p, grown) = two_free_ends_then_request(true);
+    assert_eq!((grown, spanning(&p)), (6 * MIB, 0));
+}

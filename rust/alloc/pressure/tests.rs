@@ -129,8 +129,8 @@ fn smallest(ev: &[(bool, usize, u64)], rules: u8) -> u64 {
 
 #[test]
 fn a_refused_layout_is_laid_out_again_for_fewest_pages() {
-    // seed 2: 60 MiB without the last resort, 58 with the layout rule alone
-    let ev = stream(2);
+    // seed 10: 60 MiB without the last resort, 58 with the layout rule alone
+    let ev = stream(10);
     let none = smallest(&ev, 0);
     assert_eq!(none, 60);
     assert!(
@@ -141,8 +141,8 @@ fn a_refused_layout_is_laid_out_again_for_fewest_pages() {
 
 #[test]
 fn heap_page_ends_save_pages_on_a_generated_stream() {
-    // seed 2: 60 MiB without the last resort, 58 with the heap ends alone
-    let ev = stream(2);
+    // seed 11: 56 MiB without the last resort, 52 with the heap ends alone
+    let ev = stream(11);
     assert!(
         smallest(&ev, LAST_HEAP_ENDS) < smallest(&ev, 0),
         "no page saved"
@@ -150,9 +150,9 @@ fn heap_page_ends_save_pages_on_a_generated_stream() {
 }
 
 /// Each seed's smallest device with neither rule, each alone and both (`--ignored
-/// --nocapture`); seeds 1-12: [56; 4], [60, 58, 58, 56], [60, 60, 60, 58], [60; 4], [58,
-/// 58, 58, 54], [60, 60, 58, 56], [56, 56, 56, 52], [60; 4], [56; 4], [60, 58, 60, 58], [56,
-/// 56, 56, 52], [56; 4]: none higher with a rule.
+/// --nocapture`); seeds 1-12: [58, 58, 58, 52], [58, 58, 58, 56], [60, 60, 58, 58], [62;
+/// 4], [56, 56, 56, 54], [60; 4], [56, 56, 56, 52], [62; 4], [56; 4], [60, 58, 60, 58],
+/// [56, 56, 52, 52], [54; 4]: none higher with a rule.
 #[test]
 #[ignore]
 fn tally() {
