@@ -263,7 +263,10 @@ impl Pool {
             return false;
         }
         // (`f` is binned, so blocks follow it: the joined block is not its whole segment)
-        debug_assert!(self.blocks[f as usize].next != NIL, "a free heap segment is binned");
+        debug_assert!(
+            self.blocks[f as usize].next != NIL,
+            "a heap segment of one free block is binned"
+        );
         self.remove_free(f);
         self.page_to(p, PageKind::Covered, NIL);
         self.blocks[b as usize].next = f;
