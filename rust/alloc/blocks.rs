@@ -236,21 +236,22 @@ impl Pool {
     }
 
     /// In a pool below `SMALL_POOL`, a free heap block (merged, in no bin) that ends its
-    /// segment, settled here when it joins (true), runs on into the heap segment that starts on the next page when that
-    /// segment's first block is free: the two segments become one (the next page covered)
-    /// and the merged block crosses the page end, as a freed block of PyTorch's expandable
-    /// segment merges with the free start of the next page. A request as long as both free
-    /// ends together then fits where each alone was too short. A block that is its whole
-    /// page joins too (its page stays in the heap segment, whole and free, until `reclaim`
-    /// gives it back for a request that needs a page): the KV cache class 2,030 against
-    /// 2,024 MiB when it goes back to the free pages at once. Only forward: a freed first
-    /// block that joined the segment before it (found by walking that segment's blocks for
-    /// its last) took the KV cache class to 2,044. Measured with `python
-    /// scripts/class_seeds.py CLASS --models gpumm --seeds 10-89` (sums over 81 seeds, the
-    /// own seed included; docs/reserve.md, "The classes on seeds they were not tuned on"):
-    /// the KV cache class 2,034 → 2,024 MiB, the interleaved 15,032 → 15,024 (its seed 182 →
-    /// 180), the other classes and every corpus peak as without it. In pools of any size the
-    /// three streams rose 14,806 → 14,856 (their seed 182 → 184).
+    /// segment runs on into the heap segment that starts on the next page when that segment's
+    /// first block is free: the two segments become one (the next page covered) and the
+    /// merged block crosses the page end, as a freed block of PyTorch's expandable segment
+    /// merges with the free start of the next page. A request as long as both free ends
+    /// together then fits where each alone was too short. A block that is its whole page
+    /// joins too (its page stays in the heap segment, whole and free, until `reclaim` gives
+    /// it back for a request that needs a page): the KV cache class 2,030 against 2,024 MiB
+    /// when it goes back to the free pages at once. Only forward: a freed first block that
+    /// joined the segment before it (found by walking that segment's blocks for its last)
+    /// took the KV cache class to 2,044. Measured with `python scripts/class_seeds.py CLASS
+    /// --models gpumm --seeds 10-89` (sums over 81 seeds, the own seed included;
+    /// docs/reserve.md, "The classes on seeds they were not tuned on"): the KV cache class
+    /// 2,034 → 2,024 MiB, the interleaved 15,032 → 15,024 (its seed 182 → 180), the other
+    /// classes and every corpus peak as without it. In pools of any size the three streams
+    /// rose 14,806 → 14,856 (their seed 182 → 184). Returns whether it joined, and then the
+    /// joined block is settled (binned) here.
     #[cold]
     #[inline(never)]
     fn join_next_heap(&mut self, b: u32) -> bool {
