@@ -1,7 +1,7 @@
-//! A pool above `SMALL_POOL` about to grow for a large request: it cuts a free block
-//! that crosses a page boundary inside a segment when its part as the head or tail saves
-//! pages (`cut_for`), and a tail takes a free page start that it leaves at most
-//! 1/`GROW_TAIL_DIV` of a page of.
+//! A pool above `SMALL_POOL` about to grow for a large request (a smaller pool for one
+//! below a page): it cuts a free block that crosses a page boundary inside a segment when
+//! its part as the head or tail saves pages (`cut_for`), and a tail takes a free page start
+//! that it leaves at most 1/`GROW_TAIL_DIV` of a page of.
 
 use super::super::tests::{device, MIB};
 use super::*;
@@ -83,4 +83,30 @@ fn a_request_refused_after_a_cut_leaves_the_block_whole() {
     assert!(alloc(&mut p, 7 * MIB / 2).is_err());
     assert_eq!(p.reserved_bytes(), held);
     assert_eq!(ends(&p), before, "the cut was not undone");
+}
+
+/// A small pool (4 MiB of one segment, one page more) about to grow for 1.5 MiB: the free
+/// block across the segment's page boundary (0.5 MiB each side) is cut, its first half the
+/// head and a free page start of 1 MiB the tail, so the pool takes no page. (A KV buffer
+/// grown token by token leaves such blocks: docs/reserve.md.)
+#[test]
+fn a_small_pool_cuts_a_block_across_a_page_boundary_for_a_request_below_a_page() {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
+    let (_, a) = alloc(&mut p, 3 * MIB / 2).unwrap();
+    let (b, b_ptr) = alloc(&mut p, MIB).unwrap();
+    let (_, c_ptr) = alloc(&mut p, 3 * MIB / 2).unwrap();
+    assert_eq!((b_ptr, c_ptr), (a + 3 * MIB / 2, a + 5 * MIB / 2));
+    // a third page: a 1 MiB allocation freed before another 1 MiB one
+    let (d, _) = alloc(&mut p, MIB).unwrap();
+    alloc(&mut p, MIB).unwrap();
+    p.free(b).unwrap();
+    p.free(d).unwrap();
+    assert_eq!(p.reserved_bytes(), 6 * MIB);
+    assert_eq!(
+        grown_by(&mut p, 3 * MIB / 2),
+        0,
+        "a page taken beside the cut's layout"
+    );
 }
