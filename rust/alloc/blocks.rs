@@ -272,6 +272,9 @@ impl Pool {
         self.page_to(p, PageKind::Covered, NIL);
         self.blocks[b as usize].next = f;
         self.absorb_next(b);
+        // (settled here, as `settle_free` would a heap block that is not its whole segment:
+        // having `settle_free` read the joined block again cost its every call 11
+        // instructions a churn pair)
         if self.eager && self.blocks[b as usize].len >= self.pg {
             let _ = self.split_out(b);
         } else {
