@@ -255,14 +255,10 @@ impl Pool {
     #[cold]
     #[inline(never)]
     fn join_next_heap(&mut self, b: u32) -> bool {
+        let Some(f) = self.free_heap_start_after(&self.blocks[b as usize]) else {
+            return false;
+        };
         let p = self.page_after(&self.blocks[b as usize]);
-        if p as usize >= self.pages.len() || self.pages[p as usize] != PageKind::Heap {
-            return false;
-        }
-        let f = self.page_first[p as usize];
-        if f == NIL || !self.binned_free(f) {
-            return false;
-        }
         // (`f` is binned, so blocks follow it: the joined block is not its whole segment)
         debug_assert!(
             self.blocks[f as usize].next != NIL,
@@ -281,6 +277,17 @@ impl Pool {
             self.insert_free(b);
         }
         true
+    }
+
+    /// The first block of the heap segment that starts on the page after `blk` ends, when
+    /// it is free (binned): what `join_next_heap` joins a freed heap end with.
+    pub(super) fn free_heap_start_after(&self, blk: &Block) -> Option<u32> {
+        let p = self.page_after(blk) as usize;
+        if p >= self.pages.len() || self.pages[p] != PageKind::Heap {
+            return None;
+        }
+        let f = self.page_first[p];
+        (f != NIL && self.binned_free(f)).then_some(f)
     }
 
     /// Block `b` takes in the block after it (free, in no bin), which goes.

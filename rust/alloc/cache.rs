@@ -12,6 +12,8 @@
 //! of the request's own bin) and is cut from its start. That is B itself when:
 //! - the block before B is not free (R starts where B does);
 //! - R is not its whole page (which would go back to the free pages instead);
+//! - in a pool below `SMALL_POOL`, R does not end its segment before a heap page whose first
+//!   block is free (R would join it: `Pool::join_next_heap`);
 //! - R's bin is one whose blocks all hold the request;
 //! - no other free heap block is in a bin from the request's up to below R's (a free block
 //!   just after B, merged into R, is not counted when it is alone in its bin);
@@ -144,8 +146,14 @@ impl Pool {
         } else {
             (blk.len, nx)
         };
-        if blk.prev == NIL && after == NIL {
-            return false; // its whole page: the page would go back
+        if after == NIL {
+            if blk.prev == NIL {
+                return false; // its whole page: the page would go back
+            }
+            let end = if next_free { &self.blocks[nx as usize] } else { &blk };
+            if self.small_pool() && self.free_heap_start_after(end).is_some() {
+                return false; // it would join the next page's free start (`join_next_heap`)
+            }
         }
         if !self.small_pool() {
             return self.best_takes(blk.len, len, if next_free { nx } else { NIL });

@@ -141,6 +141,39 @@ fn the_size_cache_serves_repeated_sizes() {
     }
 }
 
+/// A freed heap block that ends its page's segment, before a heap page whose first block is
+/// free, joins that block in a pool below `SMALL_POOL` (`Pool::join_next_heap`): the cache
+/// holds it, but the request of its size that follows goes where the pool without the cache
+/// puts it, into the other free block of its size (`w`) and not the joined one.
+#[test]
+fn a_heap_end_that_would_join_the_next_page_is_not_taken_back() {
+    const KIB: u64 = 1 << 10;
+    let alloc = |k: u64| Step::Alloc {
+        size: k * KIB,
+        stream: 0,
+    };
+    // page A: 1,000 + 48 (w) + 952 + 48 (y) KiB; page B: 48 (z) + 1,000 + 1,000 KiB; then
+    // w, z and y are freed (live: a, w, a952, y, z, b, c), and 48 KiB asked for
+    let steps = [
+        alloc(1000),
+        alloc(48),
+        alloc(952),
+        alloc(48),
+        alloc(48),
+        alloc(1000),
+        alloc(1000),
+        Step::Free(1),
+        Step::Free(3),
+        Step::Free(2),
+        alloc(48),
+    ];
+    let (with, _) = run_on(&steps, 64 << 30, false, true);
+    let (without, _) = run_on(&steps, 64 << 30, false, false);
+    assert_eq!(with.ptrs[..7], without.ptrs[..7]);
+    assert_eq!(with.ptrs[7], with.ptrs[1], "the request takes w's block");
+    assert_eq!(with, without);
+}
+
 /// What a replay of a stream gave: requests refused, the peak reserve, and the address of
 /// every request served, in order.
 #[derive(Debug, PartialEq, Eq)]
