@@ -490,6 +490,74 @@ def roberta_bf16_train() -> Step:
     return _adamw_step(model, loss)
 
 
+def deberta_train() -> Step:
+    """Disentangled attention (content-to-position and position-to-content terms over
+    relative positions): transformers' DeBERTa-v2 with a shrunk configuration (6 layers,
+    hidden 384, 6 heads, vocabulary 32000), 3-class sequence classification, batch 8 of 256
+    tokens, AdamW."""
+    import torch
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    torch.manual_seed(0)
+    model = DebertaV2ForSequenceClassification(DebertaV2Config(
+        hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536,
+        vocab_size=32000, relative_attention=True, position_buckets=256,
+        pos_att_type=["p2c", "c2p"], num_labels=3))
+    ids = torch.randint(3, 32000, (8, 256))
+    labels = torch.randint(0, 3, (8,))
+    return _adamw_step(model, lambda: model(input_ids=ids, labels=labels).loss)
+
+
+def segformer_train() -> Step:
+    """Semantic segmentation, a per-pixel loss: transformers' SegFormer (the default
+    SegformerConfig: MiT-b0's four stages, 32 to 256 channels) with 19 classes, batch 2 of
+    256 x 256 images and their label maps, AdamW."""
+    import torch
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    torch.manual_seed(0)
+    model = SegformerForSemanticSegmentation(SegformerConfig(num_labels=19))
+    pixels = torch.randn(2, 3, 256, 256)
+    labels = torch.randint(0, 19, (2, 256, 256))
+    return _adamw_step(model, lambda: model(pixel_values=pixels, labels=labels).loss)
+
+
+def mobilenet_train() -> Step:
+    """Depthwise-separable convolutions, many small activations: transformers' MobileNetV2
+    (the default MobileNetV2Config: width 1.0) with a 10-class head, batch 16 of 160 x 160
+    images, AdamW."""
+    import torch
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    torch.manual_seed(0)
+    model = MobileNetV2ForImageClassification(MobileNetV2Config(num_labels=10))
+    return _image_classifier_step(model, 16, 160)
+
+
+def neox_accum_train() -> Step:
+    """Gradient accumulation (gradients kept across four micro-batches, then one optimizer
+    step): transformers' GPT-NeoX with a shrunk configuration (6 layers, hidden 512, 8 heads,
+    vocabulary 16000, rotary positions), micro-batches of 2 x 256 tokens, AdamW."""
+    import torch
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM(GPTNeoXConfig(
+        hidden_size=512, num_hidden_layers=6, num_attention_heads=8, intermediate_size=2048,
+        vocab_size=16000, max_position_embeddings=512))
+    micro = [torch.randint(0, 16000, (2, 256)) for _ in range(4)]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+
+    def step() -> None:
+        for ids in micro:
+            (model(input_ids=ids, labels=ids).loss / len(micro)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
 # Decoding and T5 come first: they are the ones the replay's crash reproductions need.
 WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
     Workload("gpt2_decode", "GPT-2 small, greedy generate, KV cache", gpt2_decode, 1, 1),
@@ -525,4 +593,10 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
              clip_train, 1, 2),
     Workload("roberta_bf16_train", "RoBERTa (small), bfloat16 autocast, AdamW",
              roberta_bf16_train, 1, 2),
+    Workload("deberta_train", "DeBERTa-v2 (small), 8 x 256 tokens, AdamW", deberta_train, 1, 2),
+    Workload("segformer_train", "SegFormer (MiT-b0), 2 x 256 x 256, per-pixel loss, AdamW",
+             segformer_train, 1, 2),
+    Workload("mobilenet_train", "MobileNetV2, 16 x 160 x 160, AdamW", mobilenet_train, 1, 2),
+    Workload("neox_accum_train", "GPT-NeoX (small), 4 accumulated micro-batches, AdamW",
+             neox_accum_train, 1, 2),
 ]}
