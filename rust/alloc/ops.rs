@@ -116,10 +116,14 @@ impl Pool {
                     if self.holds_in_place(a, units) {
                         return Self::served(self.take_cached(a, req, units));
                     }
+                    self.cache.missed();
                     self.uncache(a);
                 }
             }
             self.flush_cache();
+        } else {
+            // (a resting cache holds nothing: it wakes on a request of the size just freed)
+            self.cache.note_request(units);
         }
         // Memory freed on streams whose work has finished (CUDA events) comes back before the
         // pool would grow for it, and every 64 calls otherwise. (Not between the requests of

@@ -109,6 +109,7 @@ impl Pool {
             self.refile_after(b);
         }
         self.counters.cache_hits += 1;
+        self.cache.hit();
         self.go_live(a, req, units)
     }
 
@@ -249,6 +250,7 @@ impl Pool {
             && settle == Settle::Policy
             && self.cache_on
             && matches!(layout, Layout::Block(b) if self.blocks[b as usize].heap)
+            && self.cache.admits(units)
         {
             // kept whole for the next request, if it is of its size and would go there
             self.allocs[a as usize].state = State::Cached;

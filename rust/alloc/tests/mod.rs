@@ -185,7 +185,8 @@ pub(super) fn ids_of(p: &Pool, out: &[u64]) -> Vec<AllocId> {
 
 /// A churn loop for profilers (`valgrind --tool=callgrind <test binary> churn_for_profiler
 /// --ignored`): log-uniform sizes, 2048 live, half churning. `CHURN=small|large`, `PAIRS=n`,
-/// `RESERVE=1`, `SIZE_CACHE=0` (the pool without the size cache); prints the time a pair, live and reserved memory, and how many allocations
+/// `RESERVE=1`, `SIZE_CACHE=0` (the pool without the size cache), `POOL_ONLY=1` (the pairs
+/// drawn before the loop); prints the time a pair, live and reserved memory, and how many allocations
 /// needed the stitching window (`cargo test --release --no-default-features --lib
 /// churn_for_profiler -- --ignored --nocapture`).
 #[test]
@@ -210,12 +211,26 @@ fn churn_for_profiler() {
         .map(|_| p.alloc(req(size(&mut rng))).unwrap().0)
         .collect();
     let n: u64 = std::env::var("PAIRS").map_or(200_000, |v| v.parse().unwrap());
+    // POOL_ONLY=1: the stream's pairs drawn up front (the same draws in the same order, at
+    // least 40,000 of them whatever n), so that the loop counts the pool's work alone, as
+    // benches/peers.rs's churn does
+    let pool_only = std::env::var("POOL_ONLY").is_ok_and(|v| v == "1");
+    let drawn: Vec<(usize, u64)> = (0..if pool_only { n.max(40_000) } else { 0 })
+        .map(|_| (rng.gen_range(0..1024), size(&mut rng)))
+        .collect();
     let stitched = p.stats().stitched;
     let t = Instant::now();
-    for _ in 0..n {
-        let k = rng.gen_range(0..1024);
-        p.free(live[k]).unwrap();
-        live[k] = p.alloc(req(size(&mut rng))).unwrap().0;
+    if pool_only {
+        for &(k, s) in &drawn[..n as usize] {
+            p.free(live[k]).unwrap();
+            live[k] = p.alloc(req(s)).unwrap().0;
+        }
+    } else {
+        for _ in 0..n {
+            let k = rng.gen_range(0..1024);
+            p.free(live[k]).unwrap();
+            live[k] = p.alloc(req(size(&mut rng))).unwrap().0;
+        }
     }
     let ns = t.elapsed().as_nanos() as f64 / n as f64;
     let s = p.stats();

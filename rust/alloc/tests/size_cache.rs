@@ -2,6 +2,7 @@
 //! is of its size and the pool would place it there anyway; anything else gives it back.
 
 use super::*;
+use crate::alloc::cache::MAX_MISSES;
 
 /// A pool with a 5000 B allocation live, then `n` of 64 KiB (`size_cache` as given).
 fn warm(n: usize, size_cache: bool) -> (Pool, Vec<(AllocId, u64)>) {
@@ -134,4 +135,45 @@ fn a_block_is_held_only_where_the_request_would_go() {
     let (mut q, live) = warm(3, false);
     q.free(live[1].0).unwrap();
     assert_eq!(q.stats().cached_allocs, 0);
+}
+
+/// After `MAX_MISSES` blocks given back in a row without a hit the cache rests: a freed heap
+/// block merges at once, as with no cache. A request of the size freed just before it wakes
+/// it, and the next free is held again. Every request lands where the pool without the cache
+/// puts it.
+#[test]
+fn a_cache_that_keeps_missing_rests_until_a_request_follows_a_free_of_its_size() {
+    let n = 2 * MAX_MISSES as usize + 2;
+    let (mut p, live) = warm(n, true);
+    let (mut q, qlive) = warm(n, false);
+    let mut live = live.into_iter().zip(qlive);
+    let mut free_next = |p: &mut Pool, q: &mut Pool| {
+        let ((a, pa), (b, qa)) = live.next().unwrap();
+        assert_eq!(pa, qa);
+        p.free(a).unwrap();
+        q.free(b).unwrap();
+    };
+    let both = |p: &mut Pool, q: &mut Pool, size| {
+        let at = p.alloc(req(size)).unwrap().1;
+        assert_eq!(at, q.alloc(req(size)).unwrap().1, "as without the cache");
+    };
+    for _ in 0..MAX_MISSES {
+        // a 64 KiB block held, then given back by a request of another size
+        free_next(&mut p, &mut q);
+        assert_eq!(p.stats().cached_allocs, 1);
+        both(&mut p, &mut q, 4096);
+    }
+    free_next(&mut p, &mut q);
+    assert_eq!(
+        p.stats().cached_allocs,
+        0,
+        "resting: the free merged at once"
+    );
+    let hits = p.stats().cache_hits;
+    both(&mut p, &mut q, 64 * KIB);
+    assert_eq!(p.stats().cache_hits, hits, "served by the full path");
+    // awake again: the next free of a heap block is held
+    free_next(&mut p, &mut q);
+    assert_eq!(p.stats().cached_allocs, 1);
+    both(&mut p, &mut q, 64 * KIB);
 }
