@@ -303,7 +303,7 @@ impl<const SELECT: bool> Bins<SELECT> {
     /// Good fit for `n` units: an item of the request's own bin that holds `n` (the first
     /// of at most `scan` looked at), else the head of the lowest bin whose items all hold `n`.
     /// `size` gives an item's size. O(1): at most `scan` items are looked at.
-    #[inline]
+    #[inline(always)]
     pub fn find_fit<L: LinkRead + ?Sized>(
         &self,
         links: &L,
@@ -324,7 +324,8 @@ impl<const SELECT: bool> Bins<SELECT> {
     /// Best fit for `n` units among a bounded number of candidates: the smallest item that
     /// holds `n` among the first `scan` of the request's own bin and the first `scan` of the
     /// lowest non-empty bin above it (an exact fit ends the search). Slower than `find_fit`
-    /// (up to `2 × scan` items looked at instead of one): for placements under pressure.
+    /// (up to `2 × scan` items looked at instead of one).
+    #[inline(always)]
     pub fn find_best<L: LinkRead + ?Sized>(
         &self,
         links: &L,
