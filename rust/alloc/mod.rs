@@ -61,6 +61,7 @@ mod defrag;
 #[cfg(test)]
 mod golden;
 mod grow;
+mod heads;
 mod journal;
 mod ops;
 mod pages;

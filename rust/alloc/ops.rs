@@ -134,11 +134,12 @@ impl Pool {
             && (self.free_pages.free_units() == 0 || self.counters.calls % 64 == 0)
         {
             self.poll();
+            self.flush_cache(); // (what the poll freed may wait in it)
         }
         let mark = self.journal.len();
         let a = self.new_slot();
         let reach = if ask.quick { Reach::Held } else { Reach::Grow };
-        let placed = self.place(units, a, reach);
+        let placed = self.place_flushed(units, a, reach);
         let layout = match placed {
             Some(l) => l,
             None if ask.quick => {
@@ -146,29 +147,7 @@ impl Pool {
                 self.undo_to(mark);
                 return Err(Refusal::NoRoom);
             }
-            None => {
-                // The way to out of memory: compact what may move, then use anything. (Not
-                // inside a batch: a refused batch is undone exactly, which a move into pages
-                // taken for the batch would prevent.)
-                if !ask.batch && self.has_movable() {
-                    // (the first attempt's page changes are undone first: compaction moves
-                    // the blocks they name)
-                    self.undo_to(mark);
-                    self.defrag_inner(Copying::Bytes);
-                }
-                let placed = self
-                    .place(units, a, Reach::Any)
-                    .or_else(|| self.place_last_resort(units, a, ask.batch));
-                match placed {
-                    Some(l) => l,
-                    None => {
-                        self.vacant_allocs.push(a);
-                        self.undo_to(mark);
-                        self.counters.failures += 1;
-                        return Err(Refusal::NoRoom);
-                    }
-                }
-            }
+            None => self.place_or_refuse(units, a, ask, mark)?,
         };
         let ptr = match self.address(layout) {
             Ok(p) => p,
@@ -189,6 +168,37 @@ impl Pool {
         x.ptr = ptr;
         x.layout = layout;
         Self::served(self.go_live(a, req, units))
+    }
+
+    /// `alloc_inner` when the first placement found no room (out of line: rare, and the hot
+    /// path then saves fewer registers): the way to out of memory. Compacts what may move,
+    /// then uses anything; a refusal gives the slot back and undoes the page changes.
+    #[cold]
+    #[inline(never)]
+    fn place_or_refuse(
+        &mut self,
+        units: u64,
+        a: u32,
+        ask: Ask,
+        mark: usize,
+    ) -> std::result::Result<Layout, Refusal> {
+        // (Not inside a batch: a refused batch is undone exactly, which a move into pages
+        // taken for the batch would prevent.)
+        if !ask.batch && self.has_movable() {
+            // (the first attempt's page changes are undone first: compaction moves the blocks
+            // they name)
+            self.undo_to(mark);
+            self.defrag_inner(Copying::Bytes);
+        }
+        let placed = self
+            .place(units, a, Reach::Any)
+            .or_else(|| self.place_last_resort(units, a, ask.batch));
+        placed.ok_or_else(|| {
+            self.vacant_allocs.push(a);
+            self.undo_to(mark);
+            self.counters.failures += 1;
+            Refusal::NoRoom
+        })
     }
 
     /// A request served at (handle bits, pointer); a pool address is never 0.

@@ -266,7 +266,7 @@ impl Pool {
                     u.links = Link::PENDING;
                     pending.push(b);
                 }
-                (layout, _) => self.unplace(layout, settle),
+                (layout, _) => self.unplace_flushed(layout, settle),
             }
             self.vacant_allocs.push(a);
         }

@@ -97,6 +97,13 @@ impl Pool {
     #[inline(always)]
     pub(super) fn unplace(&mut self, layout: Layout, settle: Settle) {
         self.flush_cache(); // (it was freed before this)
+        self.unplace_flushed(layout, settle)
+    }
+
+    /// `unplace` when the size cache holds nothing (a free's own path, which gave it back).
+    #[inline(always)]
+    pub(super) fn unplace_flushed(&mut self, layout: Layout, settle: Settle) {
+        debug_assert!(self.cache.is_empty());
         match layout {
             Layout::None => {}
             Layout::Member(g) => {

@@ -1,0 +1,170 @@
+//! Heads and tails of stitched layouts: which free page end a large request starts in, which
+//! free page start its last partial page goes to, how many whole pages lie between, and
+//! where a free block that crosses a page boundary is cut to serve as either.
+
+use super::*;
+
+impl Pool {
+    /// The free page start that a tail of a request of `units` after a head of `h` granules
+    /// would take, with the granules it would leave unused: `(0, NIL)` when there is no tail,
+    /// `(u64::MAX, NIL)` when none is close enough (the tail takes a fresh page).
+    pub(super) fn tail_for(&self, units: u64, h: u64, best: bool) -> (u64, u32) {
+        let t = ((units - h) % self.pg as u64) as u32;
+        if t == 0 {
+            return (0, NIL);
+        }
+        let prefix = &self.secondary[PREFIX];
+        let b = if best {
+            prefix.find_best(&self.sec_links, t, TAIL_SCAN, self.block_len())
+        } else {
+            prefix.find_fit(&self.sec_links, t, SCAN, self.block_len())
+        };
+        match b {
+            // (at the last resort any free page start that holds the tail will do)
+            Some(b) if self.blocks[b as usize].len - t <= self.slack_units || self.last_resort => {
+                ((self.blocks[b as usize].len - t) as u64, b)
+            }
+            _ => (u64::MAX, NIL),
+        }
+    }
+
+    /// The head and tail of a large request laid out over whole pages (NIL: none, or a fresh
+    /// page for the tail): the head from `pick_head` and the tail that fits after it; under
+    /// pressure, unless that tail fits exactly, the next `PAIR_SCAN` free page ends that the
+    /// request can use whole are tried too, from the largest down, for the head whose tail
+    /// leaves the least of its free page start unused.
+    pub(super) fn pick_head_tail(&self, units: u64) -> (u32, u32) {
+        let head = self.pick_head(units);
+        let pressure = self.under_pressure();
+        let (waste, tail) = self.tail_for(units, self.len_or_0(head), pressure);
+        if waste == 0 || !pressure {
+            return (head, tail);
+        }
+        if self.last_resort {
+            return self.pair_fewest_pages(units, head, tail, waste);
+        }
+        let mut best = (waste, tail, head);
+        self.walk_heads(units, head, |c, w, tl| {
+            if w < best.0 {
+                best = (w, tl, c);
+            }
+            best.0 == 0
+        });
+        (best.2, best.1)
+    }
+
+    /// The free page ends other than `head` that a request of `units` can use whole, from
+    /// the largest down, at most `PAIR_SCAN` of them: `visit(end, waste, tail)` with the tail
+    /// that fits after each and what it leaves unused of its page start; the walk stops when
+    /// `visit` says so.
+    pub(super) fn walk_heads(
+        &self,
+        units: u64,
+        head: u32,
+        mut visit: impl FnMut(u32, u64, u32) -> bool,
+    ) {
+        let n = units.min(u32::MAX as u64) as u32;
+        let suffix = &self.secondary[SUFFIX];
+        let mut left = PAIR_SCAN;
+        let mut top = bin_of(n);
+        'bins: while let Some(bin) = suffix.last_at_or_below(top) {
+            for c in suffix.iter(&self.sec_links, bin) {
+                if left == 0 {
+                    break 'bins;
+                }
+                if c == head || self.blocks[c as usize].len > n {
+                    continue;
+                }
+                left -= 1;
+                let (w, tl) = self.tail_for(units, self.len_or_0(c), true);
+                if visit(c, w, tl) {
+                    break 'bins;
+                }
+            }
+            if bin == 0 {
+                break;
+            }
+            top = bin - 1;
+        }
+    }
+
+    /// See `place_large`: the largest free page end of at most `units`, near enough (looks
+    /// at most at `SCAN` candidates). (Looking further for one whose next pages are free, so
+    /// that the allocation is contiguous, found one for 0.25 stitched requests in 80 on the
+    /// mixed churn: dropped.)
+    pub(super) fn pick_head(&self, units: u64) -> u32 {
+        let n = units.min(u32::MAX as u64) as u32;
+        self.secondary[SUFFIX]
+            .find_at_most(&self.sec_links, n, SCAN, self.block_len())
+            .filter(|&b| self.blocks[b as usize].len <= n)
+            .unwrap_or(NIL)
+    }
+
+    /// The pages a layout of `units` over head `head` and tail `tail` (NIL: a fresh page
+    /// when there is a remainder) takes from the free pages.
+    #[inline]
+    pub(super) fn pages_for(&self, units: u64, head: u32, tail: u32) -> u32 {
+        // (the page size is a power of two: `Pool::new` refuses any other)
+        let rest = units - self.len_or_0(head);
+        (rest >> self.gshift) as u32 + (rest & (self.pg as u64 - 1) > 0 && tail == NIL) as u32
+    }
+
+    /// A large request about to grow the pool, laid out over `head` and `tail`: a free block
+    /// of a large segment that crosses a page boundary but holds no whole page
+    /// (`straddles`) is neither a free page end nor a free page start, so no head or tail
+    /// can use it. The one whose part before the boundary as the head (its tail in any free
+    /// page start that holds it, its own part after the boundary included) or whose part
+    /// after it as the tail needs the fewest pages is cut at the boundary (`cut_at_page`),
+    /// when that is fewer than the layout found: the new (head, tail). Measured in
+    /// docs/reserve.md ("Reserve on every trace"): vit_train's smallest capacity 486 → 480
+    /// MiB, unet_train 410 → 408. In a pool below `SMALL_POOL` only for a request below a
+    /// page: a KV buffer grown token by token runs its segment on over the next page
+    /// (`grow.rs`), so the free space its predecessors leave lies inside segments, across
+    /// page boundaries; cut, the KV cache class over 81 seeds 2,024 → 1,988 MiB with no
+    /// corpus peak or smallest capacity moved, where cutting for requests of any size took
+    /// swin_train 264 → 266 (docs/reserve.md, "The classes on seeds they were not tuned
+    /// on").
+    #[cold]
+    #[inline(never)]
+    pub(super) fn cut_for(&mut self, units: u64, head: u32, tail: u32) -> Option<(u32, u32)> {
+        /// (the tail of a cut head: the cut block's own part after the boundary)
+        const OWN: u32 = NIL - 1;
+        let pg = self.pg as u64;
+        let need = self.pages_for(units, head, tail);
+        let t = ((units - self.len_or_0(head)) % pg) as u32;
+        let fresh = t > 0 && tail == NIL;
+        // (pages, block, cut as the head, the head's tail: NIL a fresh page or none, or OWN)
+        let mut best: Option<(u32, u32, bool, u32)> = None;
+        for (b, left, right) in self.straddles(STRADDLE_SCAN) {
+            let fewest = best.map_or(need, |x| x.0);
+            if left as u64 > self.len_or_0(head) && left as u64 <= units {
+                let rest = units - left as u64;
+                let t2 = (rest % pg) as u32;
+                let tl = if t2 == 0 {
+                    NIL
+                } else if right >= t2 {
+                    OWN
+                } else {
+                    self.secondary[PREFIX]
+                        .find_fit(&self.sec_links, t2, SCAN, self.block_len())
+                        .unwrap_or(NIL)
+                };
+                let n = (rest / pg) as u32 + (t2 > 0 && tl == NIL) as u32;
+                if n < fewest {
+                    best = Some((n, b, true, tl));
+                    continue;
+                }
+            }
+            if fresh && right >= t && need - 1 < fewest {
+                best = Some((need - 1, b, false, NIL));
+            }
+        }
+        let (_, b, as_head, tl) = best?;
+        let r = self.cut_at_page(b);
+        Some(match (as_head, tl) {
+            (true, OWN) => (b, r),
+            (true, tl) => (b, tl),
+            (false, _) => (head, r),
+        })
+    }
+}
