@@ -7,14 +7,22 @@ use super::*;
 impl Pool {
     #[inline]
     pub(super) fn new_block(&mut self, b: Block) -> u32 {
-        if let Some(i) = self.vacant_blocks.pop() {
-            self.blocks[i as usize] = b;
-            i
-        } else {
-            self.blocks.push(b);
-            self.sec_links.push(Link::UNLINKED);
-            (self.blocks.len() - 1) as u32
-        }
+        let i = match self.vacant_blocks.pop() {
+            Some(i) => i,
+            None => self.more_blocks(),
+        };
+        // (the table's growth out of line: `b` is stored from registers)
+        self.blocks[i as usize] = b;
+        i
+    }
+
+    /// One more block slot (vacant, its contents to be written by the caller).
+    #[cold]
+    #[inline(never)]
+    fn more_blocks(&mut self) -> u32 {
+        self.blocks.push(Block::VACANT);
+        self.sec_links.push(Link::UNLINKED);
+        (self.blocks.len() - 1) as u32
     }
 
     /// The list link into `x` from before it: `prev`'s `next`, or, when `prev` is NIL, the

@@ -104,7 +104,7 @@ use bins::{bin_of, Bins, Link, LinkRead, LinkWrite, NIL, NUM_BINS};
 use cache::SizeCache;
 use ptrmap::PtrMap;
 use runs::Runs;
-use table::Table;
+use table::{Aligned32, Table};
 
 use config::*;
 use types::*;
@@ -147,7 +147,7 @@ pub struct Pool {
     eager: bool,
     /// Changes of the request (or batch) being placed; see [`Change`].
     journal: Vec<Change>,
-    blocks: Table<Block>,
+    blocks: Blocks,
     /// The secondary bin links of each block (see [`Block`]).
     sec_links: Table<Link>,
     vacant_blocks: Vec<u32>,
@@ -195,7 +195,6 @@ pub struct Pool {
     /// on unless pages go back to the device as they free up (a release threshold), and off
     /// for good once the pool closes. (An undo frees without caching: `Settle::Exact`.)
     cache: SizeCache,
-    cache_on: bool,
     /// Free heap blocks filed or taken out so far (`rebin`).
     heap_changes: u64,
     /// (block, `heap_changes`) of the last block `holds_in_place` passed: the same block
@@ -309,10 +308,9 @@ impl Pool {
             first_stream: None,
             streams_mixed: false,
             served_large: false,
-            cache: SizeCache::default(),
+            cache: SizeCache::new(cfg.size_cache && cfg.release_threshold.is_none()),
             heap_changes: 0,
             cache_ok: (NIL, u64::MAX),
-            cache_on: cfg.size_cache && cfg.release_threshold.is_none(),
             steps: step::Steps::default(),
             frontier: NIL,
             last_freed: 0,

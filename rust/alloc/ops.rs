@@ -371,7 +371,7 @@ impl Pool {
             )));
         }
         self.step_close();
-        self.cache_on = false;
+        self.cache.off();
         self.flush_cache();
         let mut live = 0;
         for a in 0..self.allocs.len() as u32 {

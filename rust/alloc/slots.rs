@@ -246,16 +246,16 @@ impl Pool {
         self.flush_cache();
         let layout = self.allocs[a as usize].layout;
         let member = matches!(layout, Layout::Member(_));
-        if pending.is_none()
+        if self.cache.holding()
+            && pending.is_none()
             && settle == Settle::Policy
-            && self.cache_on
             && matches!(layout, Layout::Block(b) if self.blocks[b as usize].heap)
-            && self.cache.admits(units)
         {
             // kept whole for the next request, if it is of its size and would go there
             self.allocs[a as usize].state = State::Cached;
             self.cache.hold(a, units as u32);
         } else {
+            self.cache.note_free(units);
             let x = &mut self.allocs[a as usize];
             let layout = std::mem::replace(&mut x.layout, Layout::None);
             x.state = State::Vacant;

@@ -113,12 +113,11 @@ pub(super) enum PageKind {
 
 /// A piece of a heap page or a large segment. Its primary bin links live in it, and it knows
 /// its page kind, so the hot paths touch one cache line per block (the page table is not
-/// read); 32 bytes, so two share a cache line and none straddles one. A used block is in no
-/// bin, so its links hold its allocation instead (`owner`); the secondary links (suffix and
-/// prefix bins, only ever used by free large blocks at a segment's ends) live beside the
-/// blocks, in `Pool::sec_links`.
+/// read); 32 bytes, stored 32-aligned (`Blocks`), so two share a cache line and none
+/// straddles one. A used block is in no bin, so its links hold its allocation instead
+/// (`owner`); the secondary links (suffix and prefix bins, only ever used by free large
+/// blocks at a segment's ends) live beside the blocks, in `Pool::sec_links`.
 #[derive(Copy, Clone, Debug)]
-#[repr(align(32))]
 pub(super) struct Block {
     /// The page the block starts in, and its offset there in granules.
     pub(super) page: u32,
@@ -144,11 +143,28 @@ pub(super) struct Block {
 }
 
 const _: () = assert!(std::mem::size_of::<Block>() == 32);
+
+/// The pool's blocks: each in a 32-aligned cell, so that the table starts on a cache line's
+/// half while `Block` itself keeps a 4-byte alignment (see `table::Cell`).
+pub(super) type Blocks = Table<Block, Aligned32<Block>>;
 // `Block::binsec` holds a bin in its low 12 bits and the secondary bins above them
 const _: () = assert!(NUM_BINS <= 1 << 12 && PREFIX < 1 << 4);
 const _: () = assert!(std::mem::size_of::<Alloc>() == 64);
 
 impl Block {
+    /// A block slot not in use (`Pool::drop_block`'s mark: no page).
+    pub(super) const VACANT: Block = Block {
+        page: NIL,
+        off: 0,
+        len: 0,
+        prev: NIL,
+        next: NIL,
+        free: false,
+        heap: false,
+        binsec: 0,
+        links: Link::UNLINKED,
+    };
+
     /// The primary bin it was filed under (free and binned).
     #[inline(always)]
     pub(super) fn bin(&self) -> usize {
@@ -208,8 +224,8 @@ pub(super) fn bin_op<L: LinkWrite + ?Sized>(
 }
 
 /// The primary links of every block, for [`Bins`].
-pub(super) struct BlockLinks<'a>(pub(super) &'a mut Table<Block>);
-pub(super) struct BlockLinksRef<'a>(pub(super) &'a Table<Block>);
+pub(super) struct BlockLinks<'a>(pub(super) &'a mut Blocks);
+pub(super) struct BlockLinksRef<'a>(pub(super) &'a Blocks);
 
 impl LinkRead for BlockLinks<'_> {
     #[inline]
