@@ -345,4 +345,46 @@ mod tests {
         assert!(c.is_empty() && c.entries().next().is_none());
         assert_eq!(c.take(u64::MAX), None);
     }
+
+    /// The cache rests after `MAX_MISSES` misses in a row (a hit starts the count again), a
+    /// request right after a free of its size wakes it, and nothing wakes one that is off.
+    #[test]
+    fn the_cache_rests_after_misses_in_a_row_and_wakes_on_a_request_of_the_size_freed() {
+        let mut c = SizeCache::new(true);
+        let miss = |c: &mut SizeCache| {
+            c.hold(1, 40);
+            assert_eq!(c.drain(), Some(1), "given back without a hit");
+        };
+        for _ in 1..MAX_MISSES {
+            miss(&mut c);
+        }
+        assert!(c.holding());
+        c.hold(1, 40);
+        assert_eq!(c.take(40), Some(1));
+        c.hit();
+        for _ in 1..MAX_MISSES {
+            miss(&mut c);
+        }
+        assert!(c.holding(), "misses in a row count, not misses in all");
+        miss(&mut c);
+        assert!(!c.holding(), "resting after MAX_MISSES in a row");
+        c.note_free(40);
+        c.note_request(41);
+        c.note_request(40);
+        assert!(
+            !c.holding(),
+            "another size came between the free and the request"
+        );
+        c.note_free(40);
+        c.note_request(40);
+        assert!(
+            c.holding(),
+            "woken by a request right after a free of its size"
+        );
+        c.off();
+        c.note_free(40);
+        c.note_request(40);
+        assert!(!c.holding(), "off for good");
+        assert!(!SizeCache::new(false).holding());
+    }
 }
