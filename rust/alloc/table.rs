@@ -187,6 +187,9 @@ mod tests {
 
     #[test]
     fn entries_in_32_aligned_cells_read_and_write_as_a_slice_that_starts_aligned() {
+        // (the cell's alignment is what guarantees the buffer's: an allocator may hand out a
+        // 32-aligned buffer by chance, so the pointer checks below alone could pass without it)
+        assert_eq!(std::mem::align_of::<Aligned32<[u32; 8]>>(), 32);
         let mut t: Table<[u32; 8], Aligned32<[u32; 8]>> = Table::new();
         for i in 0..100u32 {
             t.push([i; 8]);

@@ -147,6 +147,7 @@ const _: () = assert!(std::mem::size_of::<Block>() == 32);
 /// The pool's blocks: each in a 32-aligned cell, so that the table starts on a cache line's
 /// half while `Block` itself keeps a 4-byte alignment (see `table::Cell`).
 pub(super) type Blocks = Table<Block, Aligned32<Block>>;
+const _: () = assert!(std::mem::align_of::<Aligned32<Block>>() == 32);
 // `Block::binsec` holds a bin in its low 12 bits and the secondary bins above them
 const _: () = assert!(NUM_BINS <= 1 << 12 && PREFIX < 1 << 4);
 const _: () = assert!(std::mem::size_of::<Alloc>() == 64);
