@@ -115,13 +115,11 @@ impl SizeCache {
         (self.slot, self.units, self.ghost) = (slot, units, 0);
     }
 
-    /// The slot held, if it is of `units` granules; the cache is then empty.
+    /// The slot held, if it is of `units` granules (the cache is unchanged: `hit` takes it,
+    /// `drain` gives it back).
     #[inline]
-    pub fn take(&mut self, units: u64) -> Option<u32> {
-        if self.slot == NIL || self.units as u64 != units {
-            return None;
-        }
-        Some(self.empty())
+    pub fn held(&self, units: u64) -> Option<u32> {
+        (self.slot != NIL && self.units as u64 == units).then_some(self.slot)
     }
 
     /// Empties the cache; returns the slot it held, given back without a hit (a miss).
@@ -139,15 +137,17 @@ impl SizeCache {
         std::mem::replace(&mut self.slot, NIL)
     }
 
-    /// A held block was taken back by the request after its free.
+    /// The held block is taken back by the request after its free: the cache is empty and
+    /// the count of misses in a row starts again.
     #[inline]
     pub fn hit(&mut self) {
+        self.empty();
         self.misses = 0;
     }
 
-    /// A held block was given back without a hit.
+    /// A held block was given back without a hit (`drain`, the one place that counts misses).
     #[inline]
-    pub fn missed(&mut self) {
+    fn missed(&mut self) {
         if self.misses < MAX_MISSES {
             self.misses += 1; // (an `OFF` cache stays off)
         }
@@ -333,17 +333,19 @@ mod tests {
     #[test]
     fn the_cache_holds_one_slot_for_its_size() {
         let mut c = SizeCache::default();
-        assert!(c.is_empty() && c.take(40).is_none() && c.drain().is_none());
+        assert!(c.is_empty() && c.held(40).is_none() && c.drain().is_none());
         c.hold(7, 40);
         assert_eq!(c.len(), 1);
         assert_eq!(c.entries().collect::<Vec<_>>(), vec![(40, 7)]);
-        assert_eq!(c.take(41), None, "another size");
-        assert_eq!(c.take(40), Some(7));
+        assert_eq!(c.held(41), None, "another size");
+        assert_eq!(c.held(40), Some(7));
+        assert_eq!(c.len(), 1, "still held");
+        c.hit();
         assert!(c.is_empty());
         c.hold(9, 40);
         assert_eq!(c.drain(), Some(9));
         assert!(c.is_empty() && c.entries().next().is_none());
-        assert_eq!(c.take(u64::MAX), None);
+        assert_eq!(c.held(u64::MAX), None);
     }
 
     /// The cache rests after `MAX_MISSES` misses in a row (a hit starts the count again), a
@@ -360,8 +362,9 @@ mod tests {
         }
         assert!(c.holding());
         c.hold(1, 40);
-        assert_eq!(c.take(40), Some(1));
+        assert_eq!(c.held(40), Some(1));
         c.hit();
+        assert!(c.is_empty());
         for _ in 1..MAX_MISSES {
             miss(&mut c);
         }

@@ -112,12 +112,10 @@ impl Pool {
         // events wait (which the pool would poll first); otherwise it goes back first.
         if !self.cache.is_empty() {
             if self.events.is_empty() {
-                if let Some(a) = self.cache.take(units) {
+                if let Some(a) = self.cache.held(units) {
                     if self.holds_in_place(a, units) {
                         return Self::served(self.take_cached(a, req, units));
                     }
-                    self.cache.missed();
-                    self.uncache(a);
                 }
             }
             self.flush_cache();

@@ -83,12 +83,17 @@ pub trait Backend: Send + Sync {
 /// Where simulated device memory appears: a CUDA-like unified virtual address.
 pub const SIMULATED_BASE: u64 = 0x7f00_0000_0000;
 
-/// Accounting only: no bytes behind the addresses, any capacity.
+/// Accounting only: no bytes behind the addresses, any capacity. No streams of its own
+/// (its fences are None) unless made with [`Simulated::with_streams`].
 #[derive(Debug)]
 pub struct Simulated {
     capacity: u64,
     granularity: u64,
     next_window: AtomicU64,
+    /// Streams of its own: fences are numbered from 1 and reached when `finish` says.
+    streams: bool,
+    last_fence: AtomicU64,
+    reached: AtomicU64,
 }
 
 impl Simulated {
@@ -105,7 +110,25 @@ impl Simulated {
             capacity,
             granularity,
             next_window: AtomicU64::new(first),
+            streams: false,
+            last_fence: AtomicU64::new(0),
+            reached: AtomicU64::new(0),
         })
+    }
+
+    /// As `new`, with streams of its own, as a CUDA device has: `fence` records a fence
+    /// (numbered 1, 2, ...) that is reached only once [`Simulated::finish`] says so, so a
+    /// pool's stream-ordered frees wait for its `poll`, as they do for CUDA events.
+    pub fn with_streams(capacity: u64, granularity: u64) -> Result<Self> {
+        Ok(Simulated {
+            streams: true,
+            ..Self::new(capacity, granularity)?
+        })
+    }
+
+    /// The work queued before every fence up to `fence` has finished.
+    pub fn finish(&self, fence: u64) {
+        self.reached.fetch_max(fence, Ordering::Relaxed);
     }
 }
 
@@ -152,6 +175,13 @@ impl Backend for Simulated {
         Ok(())
     }
     fn discard(&self, _phys: u64, _len: u64) {}
+    fn fence(&self, _stream: u64) -> Option<u64> {
+        self.streams
+            .then(|| self.last_fence.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+    fn fence_done(&self, fence: u64) -> bool {
+        fence <= self.reached.load(Ordering::Relaxed)
+    }
 }
 
 /// A backend that fails on purpose: the `fail_at`-th call (counting from 1) of `reserve`,

@@ -177,3 +177,45 @@ fn a_cache_that_keeps_missing_rests_until_a_request_follows_a_free_of_its_size()
     assert_eq!(p.stats().cached_allocs, 1);
     both(&mut p, &mut q, 64 * KIB);
 }
+
+/// A stream-ordered free that completes in the pool's poll (its backend fence reached) may
+/// leave its block held; the request that polled gets the pool as the pool without the cache
+/// has it: the block given back, merged, before it is placed.
+#[test]
+fn a_free_completed_by_a_poll_is_given_back_before_the_request_that_polled_is_placed() {
+    let at = |size_cache| {
+        let sim = Arc::new(Simulated::with_streams(64 * MIB, 2 * MIB).unwrap());
+        let d = device(64 * MIB);
+        let dev = Arc::new(Device {
+            pmm: d.pmm.clone(),
+            backend: sim.clone(),
+        });
+        let mut cfg = PoolConfig::new(2 * MIB);
+        cfg.size_cache = size_cache;
+        cfg.check = true;
+        let mut p = Pool::new(dev, cfg).unwrap();
+        p.alloc(req(5000)).unwrap();
+        let live: Vec<_> = (0..3).map(|_| p.alloc(req(64 * KIB)).unwrap()).collect();
+        let fence = p.free_async(live[1].0, 0).unwrap();
+        assert_eq!(p.pending_frees(), 1);
+        sim.finish(fence);
+        // On another stream (stream 0 would reuse the block at once): the pool holds no free
+        // page, so this request polls before it is placed.
+        let other = Request {
+            size: 64 * KIB,
+            stream: 1,
+            ..Request::default()
+        };
+        let (_, ptr) = p.alloc(other).unwrap();
+        assert_eq!(p.pending_frees(), 0, "the poll completed the free");
+        (ptr, live[1].1, p.page_snapshot())
+    };
+    let (with, freed, pages) = at(true);
+    let without = at(false);
+    assert_eq!(with, freed, "the request takes the block the poll freed");
+    assert_eq!(
+        (with, pages),
+        (without.0, without.2),
+        "as without the cache"
+    );
+}
