@@ -96,7 +96,14 @@ pub(super) const PAIR_SCAN: usize = 4;
 /// it whole instead, while whole free pages are at least 1/`RUN_FIRST_DIV` of the pool's
 /// (`place_large`). 16: resnet50's peak reserved ÷ peak live 1.0092 → 1.0137 (1/32: 1.0152,
 /// 1/64: 1.0226, over its 1.02 target), fill to failure unchanged, the mixed churn's stitched
-/// requests 87 → 39 per thousand pairs (benches/RESULTS.md).
+/// requests 87 → 39 per thousand pairs (benches/RESULTS.md). Never in a pool below
+/// `SMALL_POOL`: there a page passed over is 1/32 of the pool or more, and the small trace
+/// class over 81 seeds (`python scripts/class_seeds.py small_trace --seeds 10-89`) 2,888 →
+/// 2,776 MiB, over the bound on 9 seeds → none; the KV cache class's smallest capacity 24 →
+/// 22 MiB and its seeds over the bound 16 → 8; neox_accum_train 334 → 332; the churn pair
+/// as it was (its pool is larger). At 1/2 in larger pools too, mobilenet_train 644 → 640
+/// and wav2vec2_ctc_train 222 → 216, but whisper_train 156 → 158 (over its bound) and the
+/// churn pair +7 % (docs/reserve.md, "Run-first in small pools").
 pub(super) const RUN_FIRST_DIV: u64 = 16;
 
 /// `defrag` slides an allocation of a large segment down over a free block only if that

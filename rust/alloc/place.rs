@@ -250,9 +250,11 @@ impl Pool {
         // A layout that would need the window (its pages do not follow its head), while the
         // pool holds free pages aplenty: a free run that holds the whole request instead, as a
         // new segment (contiguous: nothing to map). Not when pages are scarce: there the head
-        // and tail save pages (fill to failure fell from 99.60 to 98.97 % ungated).
+        // and tail save pages (fill to failure fell from 99.60 to 98.97 % ungated); nor in a
+        // small pool, where a page passed over is a large share (`RUN_FIRST_DIV`).
         if units <= MAX_BLOCK
             && need > 0
+            && !self.small_pool()
             && self.free_pages.free_units() * RUN_FIRST_DIV
                 >= self.counters.reserved_bytes >> self.page_shift
         {

@@ -41,3 +41,39 @@ fn a_free_page_end_that_saves_a_page_is_not_passed_over() {
         (after - before) >> 20
     );
 }
+
+/// A pool below `SMALL_POOL` never passes over a free page end for a fresh run: 32 MiB held,
+/// a page whose second half is free followed by a page in use, and nine free pages; a 3 MiB
+/// request (that half page and one page through the window, or a run of two) and eight of
+/// 2 MiB then fit without the pool growing. With the run taken, the half page stayed free
+/// and the eighth grew the pool (34 MiB).
+#[test]
+fn a_small_pool_takes_the_free_page_end_over_a_fresh_run() {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    cfg.initial_size = 32 * MIB;
+    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
+    for _ in 0..5 {
+        alloc(&mut p, 2 * MIB);
+    }
+    alloc(&mut p, MIB);
+    let half = alloc(&mut p, MIB);
+    alloc(&mut p, 2 * MIB);
+    p.free(half).unwrap();
+    p.flush_cache();
+    let before = p.reserved_bytes();
+    assert!(p.small_pool());
+    assert_eq!(p.stats().pages_free, 9);
+    alloc(&mut p, 3 * MIB);
+    for _ in 0..8 {
+        alloc(&mut p, 2 * MIB);
+    }
+    p.validate().unwrap();
+    let after = p.reserved_bytes();
+    assert_eq!(
+        after,
+        before,
+        "the pool grew {} MiB",
+        (after - before) >> 20
+    );
+}

@@ -70,21 +70,23 @@ fn large_allocations_are_blocks_of_segments() {
 }
 
 /// A large request whose head is not followed by free pages (so head + pages would need the
-/// window) takes a free run that holds it whole instead, while the pool has free pages
-/// aplenty: one block of a new segment, in the direct map, nothing stitched.
+/// window) takes a free run that holds it whole instead, while the pool (of at least
+/// `SMALL_POOL`) has free pages aplenty and the head saves no page: one block of a new
+/// segment, in the direct map, nothing stitched.
 #[test]
 fn a_free_run_is_taken_before_a_layout_that_needs_the_window() {
     let mut cfg = PoolConfig::new(2 * MIB);
     cfg.check = true;
-    cfg.initial_size = 32 * MIB;
-    let mut p = Pool::new(device(64 * MIB), cfg).unwrap();
-    // pages 0-1: 3 MiB and a free 1 MiB page end (a head); page 2: a heap page
-    let (_a, pa) = p.alloc(req(3 * MIB)).unwrap();
+    cfg.initial_size = 128 * MIB;
+    let mut p = Pool::new(device(256 * MIB), cfg).unwrap();
+    assert!(!p.small_pool());
+    // pages 0-1: 3.75 MiB and a free 256 KiB page end (a head); page 2: a heap page
+    let (_a, pa) = p.alloc(req(15 * MIB / 4)).unwrap();
     let _small = p.alloc(req(1000)).unwrap();
     let base = pa; // the direct map's page 0
     assert_eq!(p.stats().pages_heap, 1);
-    // 5 MiB: the 1 MiB head and two whole pages would be stitched (page 2 is taken); a run
-    // of three free pages holds it whole
+    // 5 MiB: the 256 KiB head, two whole pages and a tail would be stitched (page 2 is
+    // taken), three pages as the run; a run of three free pages holds it whole
     let (c, pc) = p.alloc(req(5 * MIB)).unwrap();
     assert!(!p.info(c).unwrap().stitched);
     assert_eq!(pc, base + 3 * 2 * MIB);

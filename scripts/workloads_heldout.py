@@ -1,0 +1,206 @@
+"""The held-out workloads: model steps recorded to test gpumm's pool on kinds of job it was
+not tuned on (docs/reserve.md, "Held-out workloads"). Each builds its model from a
+configuration in code (random weights: nothing is downloaded) and returns one step of it;
+scripts/workloads.py lists them with the others for scripts/record_workloads.py.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from workload_steps import Step, Workload, adamw_step, generate_step, image_classifier_step
+
+
+def deberta_train() -> Step:
+    """Disentangled attention (content-to-position and position-to-content terms over
+    relative positions): transformers' DeBERTa-v2 with a shrunk configuration (6 layers,
+    hidden 384, 6 heads, vocabulary 32000), 3-class sequence classification, batch 8 of 256
+    tokens, AdamW."""
+    import torch
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    torch.manual_seed(0)
+    model = DebertaV2ForSequenceClassification(DebertaV2Config(
+        hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536,
+        vocab_size=32000, relative_attention=True, position_buckets=256,
+        pos_att_type=["p2c", "c2p"], num_labels=3))
+    ids = torch.randint(3, 32000, (8, 256))
+    labels = torch.randint(0, 3, (8,))
+    return adamw_step(model, lambda: model(input_ids=ids, labels=labels).loss)
+
+
+def segformer_train() -> Step:
+    """Semantic segmentation, a per-pixel loss: transformers' SegFormer (the default
+    SegformerConfig: MiT-b0's four stages, 32 to 256 channels) with 19 classes, batch 2 of
+    256 x 256 images and their label maps, AdamW."""
+    import torch
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    torch.manual_seed(0)
+    model = SegformerForSemanticSegmentation(SegformerConfig(num_labels=19))
+    pixels = torch.randn(2, 3, 256, 256)
+    labels = torch.randint(0, 19, (2, 256, 256))
+    return adamw_step(model, lambda: model(pixel_values=pixels, labels=labels).loss)
+
+
+def mobilenet_train() -> Step:
+    """Depthwise-separable convolutions, many small activations: transformers' MobileNetV2
+    (the default MobileNetV2Config: width 1.0) with a 10-class head, batch 16 of 160 x 160
+    images, AdamW."""
+    import torch
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    torch.manual_seed(0)
+    model = MobileNetV2ForImageClassification(MobileNetV2Config(num_labels=10))
+    return image_classifier_step(model, 16, 160)
+
+
+def neox_accum_train() -> Step:
+    """Gradient accumulation (gradients kept across four micro-batches, then one optimizer
+    step): transformers' GPT-NeoX with a shrunk configuration (6 layers, hidden 512, 8 heads,
+    vocabulary 16000, rotary positions), micro-batches of 2 x 256 tokens, AdamW."""
+    import torch
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM(GPTNeoXConfig(
+        hidden_size=512, num_hidden_layers=6, num_attention_heads=8, intermediate_size=2048,
+        vocab_size=16000, max_position_embeddings=512))
+    micro = [torch.randint(0, 16000, (2, 256)) for _ in range(4)]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+
+    def step() -> None:
+        for ids in micro:
+            (model(input_ids=ids, labels=ids).loss / len(micro)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def dcgan_train() -> Step:
+    """Two models and two optimizers a step (a GAN): DCGAN's generator (transposed
+    convolutions, 100-d noise to 32 x 32 RGB) and discriminator (strided convolutions) in
+    plain ``torch.nn``, batch 64, Adam; the discriminator's step on real and detached fake
+    images, then the generator's through the discriminator."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    nz = 100
+
+    def up(cin: int, cout: int, stride: int, pad: int) -> list:
+        return [nn.ConvTranspose2d(cin, cout, 4, stride, pad, bias=False), nn.BatchNorm2d(cout),
+                nn.ReLU(True)]
+
+    def down(cin: int, cout: int, norm: bool) -> list:
+        return ([nn.Conv2d(cin, cout, 4, 2, 1, bias=False)] + ([nn.BatchNorm2d(cout)] if norm else [])
+                + [nn.LeakyReLU(0.2, True)])
+
+    gen = nn.Sequential(*up(nz, 256, 1, 0), *up(256, 128, 2, 1), *up(128, 64, 2, 1),
+                        nn.ConvTranspose2d(64, 3, 4, 2, 1, bias=False), nn.Tanh())
+    disc = nn.Sequential(*down(3, 64, False), *down(64, 128, True), *down(128, 256, True),
+                         nn.Conv2d(256, 1, 4, 1, 0, bias=False), nn.Flatten(), nn.Sigmoid())
+    opt_g = torch.optim.Adam(gen.parameters(), 2e-4)
+    opt_d = torch.optim.Adam(disc.parameters(), 2e-4)
+    real = torch.randn(64, 3, 32, 32)
+    ones, zeros = torch.ones(64, 1), torch.zeros(64, 1)
+    bce = nn.BCELoss()
+
+    def step() -> None:
+        fake = gen(torch.randn(64, nz, 1, 1))
+        loss_d = bce(disc(real), ones) + bce(disc(fake.detach()), zeros)
+        opt_d.zero_grad(set_to_none=True)
+        loss_d.backward()
+        opt_d.step()
+        loss_g = bce(disc(fake), ones)
+        opt_g.zero_grad(set_to_none=True)
+        loss_g.backward()
+        opt_g.step()
+
+    return step
+
+
+def qwen2_partial_train() -> Step:
+    """Fine-tuning the top of a frozen model (no gradients, no optimizer state for the rest):
+    transformers' Qwen2 with a shrunk configuration (6 layers, hidden 512, 8 heads and 2
+    key-value heads, vocabulary 20000), only its last two layers trained, batch 2 of 384
+    tokens, AdamW."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+        intermediate_size=1536, vocab_size=20000, max_position_embeddings=1024))
+    for name, p in model.named_parameters():
+        p.requires_grad = name.startswith(("model.layers.4.", "model.layers.5."))
+    ids = torch.randint(0, 20000, (2, 384))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    model.train()
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bloom_train() -> Step:
+    """ALiBi attention (position biases added to the scores, no position embeddings):
+    transformers' BLOOM with a shrunk configuration (6 layers, hidden 384, 6 heads,
+    vocabulary 16000), causal-LM loss, batch 4 of 192 tokens, AdamW."""
+    import torch
+    from transformers import BloomConfig, BloomForCausalLM
+
+    torch.manual_seed(0)
+    model = BloomForCausalLM(BloomConfig(hidden_size=384, n_layer=6, n_head=6, vocab_size=16000))
+    ids = torch.randint(0, 16000, (4, 192))
+    return adamw_step(model, lambda: model(input_ids=ids, labels=ids).loss)
+
+
+def regnet_train() -> Step:
+    """Grouped convolutions in stages of growing width: transformers' RegNet (the default
+    RegNetConfig) with a 10-class head, batch 8 of 160 x 160 images, AdamW."""
+    import torch
+    from transformers import RegNetConfig, RegNetForImageClassification
+
+    torch.manual_seed(0)
+    model = RegNetForImageClassification(RegNetConfig(num_labels=10))
+    return image_classifier_step(model, 8, 160)
+
+
+def opt_decode() -> Step:
+    """Greedy decoding with learned positions: transformers' OPT with a shrunk configuration
+    (6 layers, hidden 512, 8 heads, vocabulary 16000), 3 sequences, a 40-token prompt, 48
+    new tokens, KV cache."""
+    import torch
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    model = OPTForCausalLM(OPTConfig(hidden_size=512, num_hidden_layers=6, ffn_dim=2048,
+                                     num_attention_heads=8, vocab_size=16000))
+    return generate_step(model, 16000, 3, 40, 48)
+
+
+#: In the order they were recorded: the first four after the size cache stopped changing
+#: placements (docs/reserve.md, "Held-out workloads"), the last five after the policy of
+#: issue 27's first rounds.
+HELD_OUT: List[Workload] = [
+    Workload("deberta_train", "DeBERTa-v2 (small), 8 x 256 tokens, AdamW", deberta_train, 1, 2),
+    Workload("segformer_train", "SegFormer (MiT-b0), 2 x 256 x 256, per-pixel loss, AdamW",
+             segformer_train, 1, 2),
+    Workload("mobilenet_train", "MobileNetV2, 16 x 160 x 160, AdamW", mobilenet_train, 1, 2),
+    Workload("neox_accum_train", "GPT-NeoX (small), 4 accumulated micro-batches, AdamW",
+             neox_accum_train, 1, 2),
+    Workload("dcgan_train", "DCGAN, generator and discriminator steps, 64 x 32 x 32, Adam",
+             dcgan_train, 1, 2),
+    Workload("qwen2_partial_train", "Qwen2 (small), last 2 of 6 layers trained, 2 x 384, AdamW",
+             qwen2_partial_train, 1, 2),
+    Workload("bloom_train", "BLOOM (small, ALiBi), 4 x 192 tokens, AdamW", bloom_train, 1, 2),
+    Workload("regnet_train", "RegNet, 8 x 160 x 160, AdamW", regnet_train, 1, 2),
+    Workload("opt_decode", "OPT (small), greedy generate, 3 x 40 + 48 tokens, KV cache",
+             opt_decode, 1, 1),
+]
