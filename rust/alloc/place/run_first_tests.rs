@@ -7,18 +7,16 @@ use super::*;
 
 const KIB: u64 = 1 << 10;
 
-/// A pool of 160 MiB (not a small pool) holding 130 MiB of whole pages, a page whose second
-/// half is free (a 1 MiB allocation freed there) followed by a page in use, and 13 free
-/// pages. Then a 2,364 KiB request (that half page as its head and one page, or a run of
-/// two pages) and twelve of 2 MiB: the pool holds them all only when the first took the
-/// head. Passed over, the half page stayed free and the pool grew a page (162 MiB).
-#[test]
-fn a_free_page_end_that_saves_a_page_is_not_passed_over() {
+/// A pool of `initial` MiB holding `full` whole pages, then a page whose second half is
+/// free (a 1 MiB allocation freed there) followed by a page in use, and the rest free; then
+/// `request` and as many 2 MiB requests as there are free pages left when the request takes
+/// the half page as its head. Returns how many MiB the pool grew by (0: the head was taken).
+fn growth_after_a_half_page_head(initial: u64, full: usize, request: u64) -> u64 {
     let mut cfg = PoolConfig::new(2 * MIB);
     cfg.check = true;
-    cfg.initial_size = 160 * MIB;
+    cfg.initial_size = initial * MIB;
     let mut p = Pool::new(device(1 << 30), cfg).unwrap();
-    for _ in 0..65 {
+    for _ in 0..full {
         alloc(&mut p, 2 * MIB);
     }
     alloc(&mut p, MIB);
@@ -27,53 +25,32 @@ fn a_free_page_end_that_saves_a_page_is_not_passed_over() {
     p.free(half).unwrap();
     p.flush_cache();
     let before = p.reserved_bytes();
-    assert_eq!(p.stats().pages_free, 13);
-    alloc(&mut p, 2364 * KIB);
-    for _ in 0..12 {
+    let free = p.stats().pages_free;
+    assert_eq!(free, initial / 2 - full as u64 - 2);
+    alloc(&mut p, request);
+    // the request over the head takes all but the half page's part in whole pages
+    let more = free - (request - MIB).div_ceil(2 * MIB);
+    for _ in 0..more {
         alloc(&mut p, 2 * MIB);
     }
     p.validate().unwrap();
-    let after = p.reserved_bytes();
-    assert_eq!(
-        after,
-        before,
-        "the pool grew {} MiB",
-        (after - before) >> 20
-    );
+    (p.reserved_bytes() - before) >> 20
+}
+
+/// A pool of 160 MiB (not a small pool) with 13 free pages beside the half page: a 2,364
+/// KiB request (that half page as its head and one page, or a run of two pages) and twelve
+/// of 2 MiB fit only when the first took the head. Passed over, the half page stayed free
+/// and the pool grew a page (162 MiB).
+#[test]
+fn a_free_page_end_that_saves_a_page_is_not_passed_over() {
+    assert_eq!(growth_after_a_half_page_head(160, 65, 2364 * KIB), 0);
 }
 
 /// A pool below `SMALL_POOL` never passes over a free page end for a fresh run: 32 MiB held,
-/// a page whose second half is free followed by a page in use, and nine free pages; a 3 MiB
-/// request (that half page and one page through the window, or a run of two) and eight of
-/// 2 MiB then fit without the pool growing. With the run taken, the half page stayed free
-/// and the eighth grew the pool (34 MiB).
+/// nine free pages beside the half page; a 3 MiB request (that half page and one page
+/// through the window, or a run of two) and eight of 2 MiB fit only when it took the head.
+/// With the run taken, the half page stayed free and the eighth grew the pool (34 MiB).
 #[test]
 fn a_small_pool_takes_the_free_page_end_over_a_fresh_run() {
-    let mut cfg = PoolConfig::new(2 * MIB);
-    cfg.check = true;
-    cfg.initial_size = 32 * MIB;
-    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
-    for _ in 0..5 {
-        alloc(&mut p, 2 * MIB);
-    }
-    alloc(&mut p, MIB);
-    let half = alloc(&mut p, MIB);
-    alloc(&mut p, 2 * MIB);
-    p.free(half).unwrap();
-    p.flush_cache();
-    let before = p.reserved_bytes();
-    assert!(p.small_pool());
-    assert_eq!(p.stats().pages_free, 9);
-    alloc(&mut p, 3 * MIB);
-    for _ in 0..8 {
-        alloc(&mut p, 2 * MIB);
-    }
-    p.validate().unwrap();
-    let after = p.reserved_bytes();
-    assert_eq!(
-        after,
-        before,
-        "the pool grew {} MiB",
-        (after - before) >> 20
-    );
+    assert_eq!(growth_after_a_half_page_head(32, 5, 3 * MIB), 0);
 }
