@@ -1,6 +1,7 @@
-//! A pool of at least `SMALL_POOL` with free pages aplenty, for a large request whose head
-//! would need the window: it takes a fresh run only when the free page end it would pass
-//! over saves no page or is under 1/`RUN_FIRST_HEAD_DIV` of one (`keeps_head`).
+//! A pool with free pages aplenty, for a large request whose head would need the window: of
+//! at least `SMALL_POOL`, it takes a fresh run only when the free page end it would pass
+//! over saves no page or is under 1/`RUN_FIRST_HEAD_DIV` of one (`keeps_head`); below it,
+//! never (`RUN_FIRST_DIV`).
 
 use super::super::tests::{alloc_id as alloc, device, MIB};
 use super::*;
