@@ -14,6 +14,15 @@ const RUN_FIRST_HEAD_DIV: u32 = 4;
 /// comes back. (Under pressure too: resnet50_train's smallest capacity 1,358 → 1,372 MiB and
 /// the 1–10 MiB class's 288 → 292.)
 const RUN_FIRST_HEAD_PAGES: u32 = 4;
+/// See `contiguous_head`: how many free page ends besides the one `pick_head` chose it
+/// looks at. 1 (measured with `scripts/reserve_table.py`, `scripts/robustness.py` and
+/// `scripts/class_seeds.py CLASS --seeds 10-89`; docs/reserve.md, "Contiguous heads"):
+/// bloom_train 288 → 280 MiB (its bound met), mobilenet_train 644 → 642, wav2vec2_ctc_train
+/// 222 → 220, resnet50_train 1,366 → 1,358, convnext_train 300 → 298, the held-out copies
+/// 57,590 → 57,524 MiB (over their bound 14 → 11), but swin_train 264 → 266 and the streams
+/// class's seed 182 → 184. 3: the 1–10 MiB class 23,510 → 23,572 MiB; 7: that class 23,492
+/// but each search about 590 instructions against 200, the mixed churn pair +13 against +3.
+const CONTIGUOUS_HEAD_SCAN: usize = 1;
 
 impl Pool {
     /// A small request: a free block of the heap pages (the good fit in a pool below
@@ -122,11 +131,21 @@ impl Pool {
         if !self.binned_free(last) || short {
             return None;
         }
-        self.remove_free(last);
-        self.page_to(p, PageKind::Covered, NIL);
-        self.blocks[last as usize].len += self.pg;
-        self.journal.push(Change::Extend { b: last, p, n: 1 });
-        Some(Layout::Block(self.carve(last, 0, units, a)))
+        Some(self.run_on(last, p, 1, units, a))
+    }
+
+    /// Free block `b`, which ends its segment at page `p`, runs on over the `n` pages from
+    /// `p` (taken from the free pages already) and holds the request from its start.
+    fn run_on(&mut self, b: u32, p: u32, n: u32, units: u32, a: u32) -> Layout {
+        self.remove_free(b);
+        for q in p..p + n {
+            self.page_to(q, PageKind::Covered, NIL);
+        }
+        self.blocks[b as usize].len += n << self.gshift;
+        if n > 0 {
+            self.journal.push(Change::Extend { b, p, n });
+        }
+        Layout::Block(self.carve(b, 0, units, a))
     }
 
     /// A request in a free block of a large segment (good fit). A block at a segment's start
@@ -264,6 +283,15 @@ impl Pool {
                     .run_at(self.page_after(&self.blocks[head as usize]))
                     >= need;
             let whole = units.div_ceil(pg) as u32;
+            if !head_ok {
+                if let Some(c) = self.contiguous_head(units, head) {
+                    let p = self.page_after(&self.blocks[c as usize]);
+                    let n = (units - self.len_or_0(c)).div_ceil(pg) as u32;
+                    let taken = self.free_pages.alloc_at(p, n);
+                    debug_assert!(taken);
+                    return Some(self.run_on(c, p, n, units as u32, a));
+                }
+            }
             if !head_ok && !self.keeps_head(head, whole, need) {
                 if let Some(p) = self.free_pages.alloc(whole) {
                     let b = self.open_segment(p, whole, PageKind::Large);
@@ -300,15 +328,7 @@ impl Pool {
                     Some(_) => None,
                 };
                 if let Some((p, n)) = pages {
-                    self.remove_free(head);
-                    for q in p..p + n {
-                        self.page_to(q, PageKind::Covered, NIL);
-                    }
-                    self.blocks[head as usize].len += n << self.gshift;
-                    if n > 0 {
-                        self.journal.push(Change::Extend { b: head, p, n });
-                    }
-                    return Some(Layout::Block(self.carve(head, 0, units as u32, a)));
+                    return Some(self.run_on(head, p, n, units as u32, a));
                 }
             } else if let Some(&(p, n)) = runs.first() {
                 let b = self.open_segment(p, n, PageKind::Large);
@@ -390,6 +410,56 @@ impl Pool {
     fn take_free(&mut self, b: u32, units: u32, a: u32) -> Layout {
         self.remove_free(b);
         Layout::Block(self.carve(b, 0, units, a))
+    }
+
+    /// For a request that the run-first rule would lay over a fresh run because its head
+    /// (`head`, from `pick_head`) is not followed by enough free pages: another free page
+    /// end that is, and that holds the request's part past its whole pages (so it saves
+    /// the run a page), among the next `CONTIGUOUS_HEAD_SCAN` page ends from the largest
+    /// down. The request then runs on from it over the free pages after it, contiguous as
+    /// the fresh run would be, one page shorter.
+    ///
+    /// Where a training step repeats, the first step's tensors lay back to back as the pool
+    /// grew under them; the next step starts with most pages free, and the run-first rule
+    /// alone lays each tensor over a fresh run beside a free page end that then stays free
+    /// to the peak (bloom_train: 276 MiB in its first step, 288 in its second; docs/reserve.md,
+    /// "Contiguous heads").
+    #[inline(never)]
+    fn contiguous_head(&self, units: u64, head: u32) -> Option<u32> {
+        let pg = self.pg as u64;
+        let r = (units & (pg - 1)) as u32;
+        if r == 0 {
+            return None;
+        }
+        let n = units as u32;
+        let floor = bin_of(r);
+        let suffix = &self.secondary[SUFFIX];
+        let mut left = CONTIGUOUS_HEAD_SCAN;
+        let mut top = bin_of(n);
+        while let Some(bin) = suffix.last_at_or_below(top).filter(|&b| b >= floor) {
+            for c in suffix.iter(&self.sec_links, bin) {
+                if c == head {
+                    continue;
+                }
+                if left == 0 {
+                    return None;
+                }
+                left -= 1;
+                let blk = &self.blocks[c as usize];
+                if blk.len > n || blk.len < r {
+                    continue;
+                }
+                let need = (units - blk.len as u64).div_ceil(pg) as u32;
+                if self.free_pages.run_at(self.page_after(blk)) >= need {
+                    return Some(c);
+                }
+            }
+            if bin == 0 {
+                break;
+            }
+            top = bin - 1;
+        }
+        None
     }
 
     /// Whether the pool holds under `SMALL_POOL` bytes (see there).

@@ -1,6 +1,7 @@
 //! A pool with free pages aplenty, for a large request whose head would need the window: of
 //! at least `SMALL_POOL`, it takes a fresh run only when the free page end it would pass
-//! over saves no page or is under 1/`RUN_FIRST_HEAD_DIV` of one (`keeps_head`); below it,
+//! over saves no page or is under 1/`RUN_FIRST_HEAD_DIV` of one (`keeps_head`), and no
+//! other free page end followed by free pages saves it one (`contiguous_head`); below it,
 //! never (`RUN_FIRST_DIV`).
 
 use super::super::tests::{alloc_id as alloc, device, MIB};
@@ -54,4 +55,32 @@ fn a_free_page_end_that_saves_a_page_is_not_passed_over() {
 #[test]
 fn a_small_pool_takes_the_free_page_end_over_a_fresh_run() {
     assert_eq!(growth_after_a_half_page_head(32, 5, 3 * MIB), 0);
+}
+
+/// A request that the run-first rule would lay over a fresh run, because the largest free
+/// page end (1 MiB, the page after it in use) is not followed by free pages, takes another
+/// free page end that is (512 KiB, which holds its 256 KiB past whole pages) and runs on
+/// over four free pages from there (`contiguous_head`): contiguous, as the fresh run of
+/// five would have been, and one page shorter. Then 73 requests of 2 MiB fit the 160 MiB
+/// pool; with the fresh run, the last one grew it to 162.
+#[test]
+fn a_free_page_end_followed_by_free_pages_is_taken_over_a_fresh_run() {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    cfg.initial_size = 160 * MIB;
+    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
+    alloc(&mut p, MIB);
+    let half = alloc(&mut p, MIB);
+    alloc(&mut p, 2 * MIB);
+    alloc(&mut p, 1536 * KIB);
+    p.free(half).unwrap();
+    p.flush_cache();
+    assert_eq!(p.stats().pages_free, 77);
+    alloc(&mut p, 8448 * KIB);
+    assert_eq!((p.stats().pages_free, p.stats().stitched), (73, 0));
+    for _ in 0..73 {
+        alloc(&mut p, 2 * MIB);
+    }
+    p.validate().unwrap();
+    assert_eq!(p.reserved_bytes(), 160 * MIB);
 }
