@@ -63,9 +63,24 @@ impl Pool {
         head: u32,
         mut visit: impl FnMut(u32, u64, u32) -> bool,
     ) {
+        self.walk_page_ends(units, head, PAIR_SCAN, |c| {
+            let (w, tl) = self.tail_for(units, self.len_or_0(c), true);
+            visit(c, w, tl)
+        });
+    }
+
+    /// The free page ends other than `head` that a request of `units` can use whole, from
+    /// the largest down, at most `limit` of them, each given to `visit` until it says stop.
+    pub(super) fn walk_page_ends(
+        &self,
+        units: u64,
+        head: u32,
+        limit: usize,
+        mut visit: impl FnMut(u32) -> bool,
+    ) {
         let n = units.min(u32::MAX as u64) as u32;
         let suffix = &self.secondary[SUFFIX];
-        let mut left = PAIR_SCAN;
+        let mut left = limit;
         let mut top = bin_of(n);
         'bins: while let Some(bin) = suffix.last_at_or_below(top) {
             for c in suffix.iter(&self.sec_links, bin) {
@@ -76,8 +91,7 @@ impl Pool {
                     continue;
                 }
                 left -= 1;
-                let (w, tl) = self.tail_for(units, self.len_or_0(c), true);
-                if visit(c, w, tl) {
+                if visit(c) {
                     break 'bins;
                 }
             }

@@ -431,35 +431,16 @@ impl Pool {
         if r == 0 {
             return None;
         }
-        let n = units as u32;
-        let floor = bin_of(r);
-        let suffix = &self.secondary[SUFFIX];
-        let mut left = CONTIGUOUS_HEAD_SCAN;
-        let mut top = bin_of(n);
-        while let Some(bin) = suffix.last_at_or_below(top).filter(|&b| b >= floor) {
-            for c in suffix.iter(&self.sec_links, bin) {
-                if c == head {
-                    continue;
-                }
-                if left == 0 {
-                    return None;
-                }
-                left -= 1;
-                let blk = &self.blocks[c as usize];
-                if blk.len > n || blk.len < r {
-                    continue;
-                }
-                let need = (units - blk.len as u64).div_ceil(pg) as u32;
-                if self.free_pages.run_at(self.page_after(blk)) >= need {
-                    return Some(c);
-                }
+        let mut found = None;
+        self.walk_page_ends(units, head, CONTIGUOUS_HEAD_SCAN, |c| {
+            let blk = &self.blocks[c as usize];
+            let need = (units - blk.len as u64).div_ceil(pg) as u32;
+            if blk.len >= r && self.free_pages.run_at(self.page_after(blk)) >= need {
+                found = Some(c);
             }
-            if bin == 0 {
-                break;
-            }
-            top = bin - 1;
-        }
-        None
+            found.is_some()
+        });
+        found
     }
 
     /// Whether the pool holds under `SMALL_POOL` bytes (see there).
