@@ -284,18 +284,16 @@ impl Pool {
                     >= need;
             let whole = units.div_ceil(pg) as u32;
             if !head_ok {
-                if let Some(c) = self.contiguous_head(units, head) {
-                    let p = self.page_after(&self.blocks[c as usize]);
-                    let n = (units - self.len_or_0(c)).div_ceil(pg) as u32;
+                if let Some((c, p, n)) = self.contiguous_head(units, head) {
                     let taken = self.free_pages.alloc_at(p, n);
                     debug_assert!(taken);
                     return Some(self.run_on(c, p, n, units as u32, a));
                 }
-            }
-            if !head_ok && !self.keeps_head(head, whole, need) {
-                if let Some(p) = self.free_pages.alloc(whole) {
-                    let b = self.open_segment(p, whole, PageKind::Large);
-                    return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
+                if !self.keeps_head(head, whole, need) {
+                    if let Some(p) = self.free_pages.alloc(whole) {
+                        let b = self.open_segment(p, whole, PageKind::Large);
+                        return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
+                    }
                 }
             }
         }
@@ -417,7 +415,8 @@ impl Pool {
     /// end that is, and that holds the request's part past its whole pages (so it saves
     /// the run a page), among the next `CONTIGUOUS_HEAD_SCAN` page ends from the largest
     /// down. The request then runs on from it over the free pages after it, contiguous as
-    /// the fresh run would be, one page shorter.
+    /// the fresh run would be, one page shorter. Returns the page end, the page after it
+    /// and how many pages the request takes from there.
     ///
     /// Where a training step repeats, the first step's tensors lay back to back as the pool
     /// grew under them; the next step starts with most pages free, and the run-first rule
@@ -425,7 +424,7 @@ impl Pool {
     /// to the peak (bloom_train: 276 MiB in its first step, 288 in its second; docs/reserve.md,
     /// "Contiguous heads").
     #[inline(never)]
-    fn contiguous_head(&self, units: u64, head: u32) -> Option<u32> {
+    fn contiguous_head(&self, units: u64, head: u32) -> Option<(u32, u32, u32)> {
         let pg = self.pg as u64;
         let r = (units & (pg - 1)) as u32;
         if r == 0 {
@@ -434,9 +433,12 @@ impl Pool {
         let mut found = None;
         self.walk_page_ends(units, head, CONTIGUOUS_HEAD_SCAN, |c| {
             let blk = &self.blocks[c as usize];
-            let need = (units - blk.len as u64).div_ceil(pg) as u32;
-            if blk.len >= r && self.free_pages.run_at(self.page_after(blk)) >= need {
-                found = Some(c);
+            let (p, n) = (
+                self.page_after(blk),
+                (units - blk.len as u64).div_ceil(pg) as u32,
+            );
+            if blk.len >= r && self.free_pages.run_at(p) >= n {
+                found = Some((c, p, n));
             }
             found.is_some()
         });
