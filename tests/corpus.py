@@ -79,6 +79,4 @@ RESERVE_OPEN: Dict[str, str] = {
     # held-out workloads (recorded after the policy was tuned)
     "recorded/wav2vec2_ctc_train.csv.gz": "1.058 x peak live (220 MiB; the bound 216.0)",
     "recorded/swin_train.csv.gz": "1.045 x peak live (266 MiB; the bound 263.6)",
-    # held-out workloads recorded with the policy as it is (scripts/workloads_heldout.py)
-    "recorded/dcgan_train.csv.gz": "1.105 x peak live (54 MiB; the bound 53.9)",
 }

@@ -1,6 +1,7 @@
 """gpumm's reserve on the workload classes of issue 27, on streams generated here (seeded, so
 every figure is deterministic): small traces of tens of MiB, many 1-10 MiB tensors, a KV cache
-extended token by token, long- and short-lived small tensors interleaved, several streams.
+extended token by token, long- and short-lived small tensors interleaved, several streams, and
+a small convolutional network's tensors of whole pages and powers of two.
 
 Each class is replayed through every model (`gpumm.replay.replay`, default pool, 80 GiB) and
 checked against the issue's targets: gpumm's peak reserved at most 1.02 x peak live + 4 MiB
@@ -120,12 +121,46 @@ def streams(seed: int = 5) -> Events:
     return g.events
 
 
+def page_multiples(seed: int = 17) -> Events:
+    """A small convolutional network's training steps (a pool below 64 MiB): weights and
+    activations of whole pages and powers of two (256 KiB-6 MiB, as channels x height x
+    width of powers of two make them), a third of the activations freed during the forward
+    pass, a temporary beside each layer, weight gradients kept to the next step."""
+    r, g = random.Random(seed), _Gen()
+    acts = [4 * MiB, 2 * MiB, MiB, 512 * KiB, 256 * KiB, 768 * KiB, 1600 * KiB, 1792 * KiB,
+            3 * MiB, 6 * MiB]
+    weights = [r.choice([4 * MiB, 2 * MiB, MiB, 512 * KiB, 256 * KiB, 64 * KiB, 16 * KiB,
+                         4 * KiB]) for _ in range(r.randrange(6, 14))]
+    for w in weights:
+        g.alloc(w)
+    layers = [r.choice(acts) for _ in range(r.randrange(8, 20))]
+    grads: List[int] = []
+    for _ in range(6):
+        live: List[int] = []
+        for size in layers:  # forward
+            live.append(g.alloc(size))
+            if r.random() < 0.3:
+                g.free(live.pop(r.randrange(len(live))))
+            g.free(g.alloc(r.choice([KiB, 4 * KiB, 12 * KiB, 256 * KiB, size])))
+        for i in grads:  # the optimizer step
+            g.free(i)
+        grads = []
+        while live:  # backward
+            a, grad = live.pop(), g.alloc(r.choice(layers))
+            if r.random() < 0.4:
+                grads.append(g.alloc(r.choice(weights)))
+            g.free(a)
+            g.free(grad)
+    return g.events
+
+
 CLASSES: Dict[str, Callable[[], Events]] = {
     "small_trace": small_trace,
     "mid_size": mid_size,
     "kv_cache": kv_cache,
     "interleaved": interleaved,
     "streams": streams,
+    "page_multiples": page_multiples,
 }
 
 #: classes where a target is not met yet: what gpumm measures (peak reserved / peak live)
@@ -190,3 +225,4 @@ def test_the_classes_are_what_they_say(tmp_path):
     assert 10 * MiB <= sizes["small_trace"] <= 90 * MiB
     assert 100 * MiB <= sizes["mid_size"] <= 400 * MiB
     assert sizes["kv_cache"] >= 8 * 464 * 4096  # 8 layers' caches at the last token
+    assert 10 * MiB <= sizes["page_multiples"] < 64 * MiB  # a small pool's

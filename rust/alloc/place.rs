@@ -512,3 +512,5 @@ mod lossy_tests;
 mod run_first_tests;
 #[cfg(test)]
 mod small_pool_tests;
+#[cfg(test)]
+mod whole_pages_tests;
