@@ -4,7 +4,7 @@
 //! other free page end followed by free pages saves it one (`contiguous_head`); below it,
 //! never (`RUN_FIRST_DIV`).
 
-use super::super::tests::{alloc_id as alloc, device, MIB};
+use super::super::tests::{alloc_id as alloc, device, pool_with_a_free_half_page, MIB};
 use super::*;
 
 const KIB: u64 = 1 << 10;
@@ -14,18 +14,7 @@ const KIB: u64 = 1 << 10;
 /// `request` and as many 2 MiB requests as there are free pages left when the request takes
 /// the half page as its head. Returns how many MiB the pool grew by (0: the head was taken).
 fn growth_after_a_half_page_head(initial: u64, full: usize, request: u64) -> u64 {
-    let mut cfg = PoolConfig::new(2 * MIB);
-    cfg.check = true;
-    cfg.initial_size = initial * MIB;
-    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
-    for _ in 0..full {
-        alloc(&mut p, 2 * MIB);
-    }
-    alloc(&mut p, MIB);
-    let half = alloc(&mut p, MIB);
-    alloc(&mut p, 2 * MIB);
-    p.free(half).unwrap();
-    p.flush_cache();
+    let mut p = pool_with_a_free_half_page(initial * MIB, full);
     let before = p.reserved_bytes();
     let free = p.stats().pages_free;
     assert_eq!(free, initial / 2 - full as u64 - 2);

@@ -49,6 +49,25 @@ pub(super) fn device(vidmem: u64) -> Arc<Device> {
     })
 }
 
+/// A checked pool of 2 MiB pages that holds `initial` bytes, `full` whole pages in use, then
+/// a page whose second half is free (a 1 MiB allocation freed there) and a page in use after
+/// it; the rest of its pages free.
+pub(super) fn pool_with_a_free_half_page(initial: u64, full: usize) -> Pool {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    cfg.initial_size = initial;
+    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
+    for _ in 0..full {
+        alloc_id(&mut p, 2 * MIB);
+    }
+    alloc_id(&mut p, MIB);
+    let half = alloc_id(&mut p, MIB);
+    alloc_id(&mut p, 2 * MIB);
+    p.free(half).unwrap();
+    p.flush_cache();
+    p
+}
+
 fn pool_on(dev: Arc<Device>) -> Pool {
     let mut cfg = PoolConfig::new(2 * MIB);
     cfg.check = true;
