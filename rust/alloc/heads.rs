@@ -56,28 +56,27 @@ impl Pool {
         (best.2, best.1)
     }
 
-    /// Whether a request of whole pages whose layout over free page end `head` would end in
-    /// a fresh page is laid over whole pages instead: the head saves it no page (the fresh
-    /// page's end is left free, as large as the head), and laid over the head it cuts two
-    /// more pages at the head's length, where the next request of whole pages (power-of-two
-    /// tensors: 1, 2, 4 MiB) finds page ends and starts that do not fit it. In a pool below
-    /// `SMALL_POOL` when its free pages hold the request; in a larger pool when it grows for
-    /// it. A larger pool that holds the pages keeps the head: there the fresh page's free
-    /// end lies beside the free pages left, where a contiguous head or a run-on takes it
-    /// (`contiguous_head`, `run_on`); one that grows has no free page left after it.
-    /// Measured (docs/reserve.md, "Whole pages first"): dcgan_train 54 → 52 MiB (its bound
-    /// met, as much as `buddy`), resnet50_train 1,358 → 1,354, clip_train 196 → 194, the
-    /// held-out copies 57,524 → 57,502 MiB (over their bound 11 → 9); the page-multiples
-    /// class over 81 seeds (`python scripts/class_seeds.py page_multiples --seeds 10-89`)
-    /// 3,386 → 3,360 MiB, over the bound on 8 → 5 of its 79 unseen seeds. A larger pool
-    /// that holds the pages too: llama_train_512 716 → 720, unet_train 400 → 404; a small
-    /// pool that grows too: dcgan_train 54 and the class's seed 44 → 46.
+    /// Whether a request of whole pages in a pool below `SMALL_POOL`, whose layout over free
+    /// page end `head` would end in a fresh page, is laid over whole free pages instead: the
+    /// head saves it no page (the fresh page's end is left free, as large as the head), and
+    /// laid over the head it cuts two more pages at the head's length, where the next
+    /// request of whole pages (power-of-two tensors: 1, 2, 4 MiB) finds page ends and starts
+    /// that do not fit it. Not in larger pools: there a fresh page's free end next to the
+    /// free pages is what contiguous heads and run-on take (`contiguous_head`, `run_on`).
+    /// Measured (docs/reserve.md, "Whole pages first in small pools"): dcgan_train 54 → 52
+    /// MiB (its bound met, as much as `buddy`), no other corpus trace, held-out copy or class
+    /// seed moved; the page-multiples class over 81 seeds (`python scripts/class_seeds.py
+    /// page_multiples --seeds 10-89`) 3,386 → 3,360 MiB, over the bound on 8 → 5 of its 79
+    /// unseen seeds. In every pool: llama_train_512 716 → 720, unet_train 400 → 404,
+    /// mamba_train 302 → 304 and wav2vec2_ctc_train 220 → 222.
     /// (Out of line: the caller checks that the request is whole pages.)
     #[inline(never)]
     fn whole_pages_first(&self, units: u64, head: u32) -> bool {
         let pg = self.pg as u64;
-        let held = self.free_pages.free_units() >= units / pg;
-        head != NIL && self.len_or_0(head) < pg && held == self.small_pool()
+        head != NIL
+            && self.small_pool()
+            && self.len_or_0(head) < pg
+            && self.free_pages.free_units() >= units / pg
     }
 
     /// The free page ends other than `head` that a request of `units` can use whole, from

@@ -1,6 +1,5 @@
-//! A request of whole pages that over a free page end would end in a fresh page is laid over
-//! whole pages: in a pool below `SMALL_POOL` when its free pages hold it, in a larger pool
-//! when it grows for it (`Pool::whole_pages_first`).
+//! A pool below `SMALL_POOL` lays a request of whole pages over whole free pages when, over
+//! a free page end, it would end in a fresh page (`Pool::whole_pages_first`).
 
 use super::super::tests::{alloc_id as alloc, pool_with_a_free_half_page, MIB};
 
@@ -18,21 +17,5 @@ fn a_request_of_whole_pages_takes_free_pages_over_a_head_that_saves_none() {
     // the half page is still free: a 1 MiB request takes it without a page
     alloc(&mut p, MIB);
     assert_eq!(p.stats().pages_free, 12);
-    p.validate().unwrap();
-}
-
-/// A pool of 64 MiB (not a small pool) with no free page: a 4 MiB request over the half page
-/// would grow it by two pages, as the run does, and leave the fresh page's second half free
-/// with no free page after it; it takes the run, and the half page is still there for a
-/// 1 MiB request. A larger pool that held the pages would keep the head (the run-first
-/// tests).
-#[test]
-fn a_larger_pool_that_grows_for_whole_pages_takes_them_over_a_head_that_saves_none() {
-    let mut p = pool_with_a_free_half_page(64 * MIB, 30);
-    assert_eq!(p.stats().pages_free, 0);
-    alloc(&mut p, 4 * MIB);
-    assert_eq!((p.reserved_bytes(), p.stats().stitched), (68 * MIB, 0));
-    alloc(&mut p, MIB);
-    assert_eq!(p.reserved_bytes(), 68 * MIB);
     p.validate().unwrap();
 }
