@@ -67,8 +67,8 @@ impl Pool {
     /// MiB (its bound met, as much as `buddy`), no other corpus trace, held-out copy or class
     /// seed moved; the page-multiples class over 81 seeds (`python scripts/class_seeds.py
     /// page_multiples --seeds 10-89`) 3,386 → 3,360 MiB, over the bound on 8 → 5 of its 79
-    /// unseen seeds. In every pool: llama_train_512 716 → 720, unet_train 400 → 404,
-    /// mamba_train 302 → 304 and wav2vec2_ctc_train 220 → 222.
+    /// unseen seeds. In larger pools that hold the pages too: llama_train_512 716 → 720,
+    /// unet_train 400 → 404, mamba_train 302 → 304 and wav2vec2_ctc_train 220 → 222.
     /// (Out of line: the caller checks that the request is whole pages.)
     #[inline(never)]
     fn whole_pages_first(&self, units: u64, head: u32) -> bool {

@@ -14,7 +14,7 @@ fn a_request_of_whole_pages_takes_free_pages_over_a_head_that_saves_none() {
     assert_eq!(p.stats().pages_free, 14);
     alloc(&mut p, 4 * MIB);
     assert_eq!((p.stats().pages_free, p.stats().stitched), (12, 0));
-    // the half page is still free: a 1 MiB request takes it without a page
+    // a 1 MiB request still fits in what the pool holds (the half page)
     alloc(&mut p, MIB);
     assert_eq!(p.stats().pages_free, 12);
     p.validate().unwrap();
