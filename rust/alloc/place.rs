@@ -88,8 +88,9 @@ impl Pool {
     }
 
     /// Whether small request `units` that finds no heap block takes the large path instead
-    /// of a heap page: in a pool of at least `SMALL_POOL` that has been asked for a large
-    /// request, when it is at least 1/`LOSSY_DIV` of a page and the heap pages it would
+    /// of a heap page: in a pool that has been asked for a large request (of any size: in a
+    /// pool below `SMALL_POOL` too, docs/reserve.md, "Small pools as large ones"), when it
+    /// is at least 1/`LOSSY_DIV` of a page and the heap pages it would
     /// fill leave a tail of over 1/`LOSSY_TAIL_DIV` of a page each (three 588 KiB
     /// activations leave 284 KiB of a 2 MiB page). In a large segment such requests lie back
     /// to back across page ends, as large ones do, and the layouts they free up are usable
@@ -103,7 +104,6 @@ impl Pool {
         // (the division last: most requests that reach here are below a quarter page)
         units * LOSSY_DIV >= self.pg
             && self.served_large
-            && !self.small_pool()
             && self.pg % units > self.pg / LOSSY_TAIL_DIV
     }
 
@@ -199,13 +199,9 @@ impl Pool {
         // Tail: a free page start that fits it closely, else (NIL) the start of a fresh page.
         let (mut head, mut tail) = self.pick_head_tail(units);
         let mut need = self.pages_for(units, head, tail);
-        // A pool above `SMALL_POOL` about to grow (below it, for a request below a page; any
-        // pool at the last resort): a free block that crosses a page boundary inside a
-        // segment is cut there when its part as the head or tail saves pages.
-        if reach != Reach::Held
-            && (self.free_pages.free_units() as u32) < need
-            && (!self.small_pool() || units < pg || self.last_resort)
-        {
+        // A pool about to grow: a free block that crosses a page boundary inside a segment
+        // is cut there when its part as the head or tail saves pages.
+        if reach != Reach::Held && (self.free_pages.free_units() as u32) < need {
             if let Some(ht) = self.cut_for(units, head, tail) {
                 (head, tail) = ht;
                 need = self.pages_for(units, head, tail);

@@ -1,7 +1,7 @@
-//! A pool above `SMALL_POOL` about to grow for a large request (a smaller pool for one
-//! below a page): it cuts a free block that crosses a page boundary inside a segment when
-//! its part as the head or tail saves pages (`cut_for`), and a tail takes a free page start
-//! that it leaves at most 1/`GROW_TAIL_DIV` of a page of.
+//! A pool about to grow for a large request: it cuts a free block that crosses a page
+//! boundary inside a segment when its part as the head or tail saves pages (`cut_for`), and
+//! (above `SMALL_POOL`) a tail takes a free page start that it leaves at most
+//! 1/`GROW_TAIL_DIV` of a page of.
 
 use super::super::tests::{device, MIB};
 use super::*;
@@ -20,15 +20,17 @@ fn grown_by(p: &mut Pool, size: u64) -> u64 {
     p.reserved_bytes() - before
 }
 
-/// 128 MiB held (not a small pool), then one two-page segment: a 1 MiB allocation, a
-/// free block of 2 MiB from 1 to 3 MiB (across the segment's page boundary, holding no
-/// whole page) and a 1 MiB allocation.
-fn pool_with_a_straddle(max_size: Option<u64>) -> Pool {
+/// `held` bytes held (`SMALL_POOL`: not a small pool; 0: nothing), then one two-page
+/// segment: a 1 MiB allocation, a free block of 2 MiB from 1 to 3 MiB (across the
+/// segment's page boundary, holding no whole page) and a 1 MiB allocation.
+fn pool_with_a_straddle(held: u64, max_size: Option<u64>) -> Pool {
     let mut cfg = PoolConfig::new(2 * MIB);
     cfg.check = true;
     cfg.max_size = max_size;
     let mut p = Pool::new(device(1 << 30), cfg).unwrap();
-    alloc(&mut p, SMALL_POOL).unwrap();
+    if held > 0 {
+        alloc(&mut p, held).unwrap();
+    }
     let (_, a) = alloc(&mut p, MIB).unwrap();
     let (b, b_ptr) = alloc(&mut p, 2 * MIB).unwrap();
     let (_, c_ptr) = alloc(&mut p, MIB).unwrap();
@@ -36,22 +38,26 @@ fn pool_with_a_straddle(max_size: Option<u64>) -> Pool {
     assert_eq!((b_ptr, c_ptr), (a + MIB, a + 3 * MIB));
     p.free(b).unwrap();
     p.flush_cache();
-    assert_eq!(p.reserved_bytes(), SMALL_POOL + 4 * MIB);
+    assert_eq!(p.reserved_bytes(), held + 4 * MIB);
     assert_eq!(p.stats().largest_free_run, 2 * MIB);
     p
 }
 
 #[test]
 fn a_head_takes_the_page_end_of_a_free_block_across_a_page_boundary() {
-    let mut p = pool_with_a_straddle(None);
     // 3.5 MiB: the block's first 1 MiB as the head, one fresh page, its last 0.5 MiB as
-    // the tail (without the cut: one whole page and a fresh page for a 1.5 MiB tail)
-    let grew = grown_by(&mut p, 7 * MIB / 2);
-    assert_eq!(
-        grew,
-        2 * MIB,
-        "two pages taken beside a free block across a boundary"
-    );
+    // the tail (without the cut: one whole page and a fresh page for a 1.5 MiB tail); in a
+    // small pool as in a large one (a CNN's activations of whole pages and a half:
+    // docs/reserve.md, "Small pools as large ones")
+    for held in [SMALL_POOL, 0] {
+        let mut p = pool_with_a_straddle(held, None);
+        let grew = grown_by(&mut p, 7 * MIB / 2);
+        assert_eq!(
+            grew,
+            2 * MIB,
+            "two pages taken beside a free block across a boundary ({held} bytes held)"
+        );
+    }
 }
 
 #[test]
@@ -76,7 +82,7 @@ fn a_tail_takes_a_free_page_start_a_quarter_page_longer() {
 #[test]
 fn a_request_refused_after_a_cut_leaves_the_block_whole() {
     let held = SMALL_POOL + 4 * MIB;
-    let mut p = pool_with_a_straddle(Some(held));
+    let mut p = pool_with_a_straddle(SMALL_POOL, Some(held));
     let ends = |p: &Pool| (p.secondary[SUFFIX].len(), p.secondary[PREFIX].len());
     let before = ends(&p);
     // (it would need a page even with the cut, and the pool is at its maximum)

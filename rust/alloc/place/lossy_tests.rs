@@ -1,5 +1,6 @@
 //! Small requests whose heap pages would each leave a large tail take the large path in a
-//! pool of at least `SMALL_POOL` (`lossy`; docs/reserve.md, "Heap pages").
+//! pool that has served a large request (`lossy`; docs/reserve.md, "Heap pages" and "Small
+//! pools as large ones").
 
 use super::super::tests::{alloc_id as alloc, device, MIB};
 use super::*;
@@ -29,15 +30,20 @@ fn activations_that_leave_a_page_tail_lie_back_to_back_in_a_large_pool() {
     // segment take three pages and no heap page
     assert!((2 * MIB) % (588 * KIB) > 2 * MIB / LOSSY_TAIL_DIV as u64);
     assert_eq!(after(130, 588 * KIB, 10), (6, 0));
-    // from `SMALL_POOL` (64 MiB) up
     const { assert!(70 * MIB >= SMALL_POOL) };
     assert_eq!(after(70, 588 * KIB, 10), (6, 0));
 }
 
 #[test]
-fn the_rule_leaves_small_pools_and_requests_that_tile_a_page_alone() {
-    // a small pool: heap pages
-    assert!(after(2, 588 * KIB, 10).1 > 0);
+fn activations_that_leave_a_page_tail_lie_back_to_back_in_a_small_pool_too() {
+    // below `SMALL_POOL` (64 MiB), once a large request has come: as in a large pool (a heap
+    // page each 1.7 MiB of them would leave its 284 KiB tail to small requests only)
+    const { assert!(4 * MIB < SMALL_POOL) };
+    assert_eq!(after(4, 588 * KIB, 10), (6, 0));
+}
+
+#[test]
+fn the_rule_leaves_requests_that_tile_a_page_alone() {
     // 512 KiB tiles a page: heap pages, four to a page
     assert_eq!(after(130, 512 * KIB, 8), (4, 2));
     // under an eighth of a page: heap pages, whatever the tail
