@@ -157,13 +157,14 @@ impl Pool {
     /// after it as the tail needs the fewest pages is cut at the boundary (`cut_at_page`),
     /// when that is fewer than the layout found: the new (head, tail). Measured in
     /// docs/reserve.md ("Reserve on every trace"): vit_train's smallest capacity 486 → 480
-    /// MiB, unet_train 410 → 408. In a pool below `SMALL_POOL` only for a request below a
-    /// page: a KV buffer grown token by token runs its segment on over the next page
-    /// (`grow.rs`), so the free space its predecessors leave lies inside segments, across
-    /// page boundaries; cut, the KV cache class over 81 seeds 2,024 → 1,988 MiB with no
-    /// corpus peak or smallest capacity moved, where cutting for requests of any size took
-    /// swin_train 264 → 266 (docs/reserve.md, "The classes on seeds they were not tuned
-    /// on").
+    /// MiB, unet_train 410 → 408. In pools below `SMALL_POOL` too: a KV buffer grown token
+    /// by token runs its segment on over the next page (`grow.rs`), so the free space its
+    /// predecessors leave lies inside segments, across page boundaries (cut for requests
+    /// below a page, the KV cache class over 81 seeds 2,024 → 1,988 MiB); and a CNN's freed
+    /// 4 MiB activation leaves such a block for the next 3 MiB one (for requests of any
+    /// size, the page-multiples class's 79 unseen seeds 3,316 → 3,276 MiB with the lossy
+    /// rule in small pools, neox_accum_train 332 → 334: docs/reserve.md, "Small pools as
+    /// large ones").
     #[cold]
     #[inline(never)]
     pub(super) fn cut_for(&mut self, units: u64, head: u32, tail: u32) -> Option<(u32, u32)> {
