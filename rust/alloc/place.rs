@@ -90,8 +90,8 @@ impl Pool {
     /// Whether small request `units` that finds no heap block takes the large path instead
     /// of a heap page: in a pool that has been asked for a large request (of any size: in a
     /// pool below `SMALL_POOL` too, docs/reserve.md, "Small pools as large ones"), when it
-    /// is at least 1/`LOSSY_DIV` of a page and the heap pages it would
-    /// fill leave a tail of over 1/`LOSSY_TAIL_DIV` of a page each (three 588 KiB
+    /// is at least 1/`LOSSY_DIV` of a page and the heap pages it would fill leave a tail of
+    /// over 1/`LOSSY_TAIL_DIV` of a page each (three 588 KiB
     /// activations leave 284 KiB of a 2 MiB page). In a large segment such requests lie back
     /// to back across page ends, as large ones do, and the layouts they free up are usable
     /// by large requests. A pool of small requests only has no large allocations for them to

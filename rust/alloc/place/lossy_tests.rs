@@ -36,8 +36,8 @@ fn activations_that_leave_a_page_tail_lie_back_to_back_in_a_large_pool() {
 
 #[test]
 fn activations_that_leave_a_page_tail_lie_back_to_back_in_a_small_pool_too() {
-    // below `SMALL_POOL` (64 MiB), once a large request has come: as in a large pool (a heap
-    // page each 1.7 MiB of them would leave its 284 KiB tail to small requests only)
+    // below `SMALL_POOL` (64 MiB), once a large request has come: as in a large pool (in heap
+    // pages, three to a page, each page's last 284 KiB would be left to small requests only)
     const { assert!(4 * MIB < SMALL_POOL) };
     assert_eq!(after(4, 588 * KIB, 10), (6, 0));
 }
