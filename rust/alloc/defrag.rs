@@ -239,7 +239,7 @@ impl Pool {
                 prev: t,
                 next: tb.next,
                 free: true,
-                heap: false,
+                heap: tb.heap,
                 binsec: 0,
                 links: Link::UNLINKED,
             });

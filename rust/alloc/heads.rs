@@ -208,4 +208,94 @@ impl Pool {
             (false, _) => (head, r),
         })
     }
+
+    /// A large request about to grow the pool, laid out over `head` and `tail`: a free block
+    /// that ends a heap segment (a free page end) or starts one (a free page start) serves
+    /// as its head or tail, as those of large segments do, when that takes fewer pages. A
+    /// heap page fills from its start, so its free space gathers at its end, and the heap
+    /// keeps no bins of page ends: without this, a heap page that holds a few small blocks
+    /// stays mostly free to the peak beside the page the pool grows by (dcgan_train's 2.25
+    /// MiB activations beside heap pages with 0.9–1.5 MiB free ends). In a pool of at least
+    /// `SMALL_POOL`, not the end of the heap page opened last (`last_heap_open`): that is
+    /// where the next small requests go, and a head there sends them to a fresh heap page,
+    /// layer after layer (cs336_ctx128_forward 16,791 → 16,814 MiB, unet_train 400 → 404).
+    /// Looks at the `HEAP_END_SCAN` largest heap blocks. Returns the new (head, tail).
+    /// Measured in docs/reserve.md, "Heap page ends as heads and tails".
+    #[cold]
+    #[inline(never)]
+    pub(super) fn heap_ends_for(&self, units: u64, head: u32, tail: u32) -> Option<(u32, u32)> {
+        let pg = self.pg as u64;
+        let need = self.pages_for(units, head, tail);
+        let (ends, starts) = self.heap_page_ends();
+        // a tail of `t` granules: a free page start of a large segment, else of a heap one
+        let tail_of = |t: u32| -> u32 {
+            self.secondary[PREFIX]
+                .find_fit(&self.sec_links, t, SCAN, self.block_len())
+                .or_else(|| {
+                    starts
+                        .iter()
+                        .copied()
+                        .find(|&s| self.blocks[s as usize].len >= t)
+                })
+                .unwrap_or(NIL)
+        };
+        let mut best: Option<(u32, u32, u32)> = None;
+        for &e in &ends {
+            let len = self.blocks[e as usize].len as u64;
+            if len <= self.len_or_0(head) || len > units {
+                continue;
+            }
+            let t = ((units - len) % pg) as u32;
+            let tl = if t == 0 { NIL } else { tail_of(t) };
+            let n = self.pages_for(units, e, tl);
+            if n < best.map_or(need, |x| x.0) {
+                best = Some((n, e, tl));
+            }
+        }
+        let t = ((units - self.len_or_0(head)) % pg) as u32;
+        if best.is_none() && t > 0 && tail == NIL {
+            let s = starts
+                .iter()
+                .copied()
+                .find(|&s| self.blocks[s as usize].len >= t)?;
+            best = Some((need - 1, head, s));
+        }
+        best.map(|(_, h, tl)| (h, tl))
+    }
+
+    /// Of the `HEAP_END_SCAN` largest free heap blocks, those that end their segment (but,
+    /// in a pool of at least `SMALL_POOL`, not in the heap page opened last) and those that
+    /// start it.
+    fn heap_page_ends(&self) -> (SmallVec<[u32; 8]>, SmallVec<[u32; 8]>) {
+        let (mut ends, mut starts) = (SmallVec::new(), SmallVec::new());
+        let links = BlockLinksRef(&self.blocks);
+        let frontier = if self.small_pool() {
+            NIL
+        } else {
+            self.last_heap_open
+        };
+        let mut left = HEAP_END_SCAN;
+        let mut top = usize::MAX;
+        'bins: while let Some(bin) = self.primary[HEAP].last_at_or_below(top) {
+            for b in self.primary[HEAP].iter(&links, bin) {
+                if left == 0 {
+                    break 'bins;
+                }
+                left -= 1;
+                let blk = &self.blocks[b as usize];
+                if blk.next == NIL {
+                    if self.page_after(blk) - 1 != frontier {
+                        ends.push(b);
+                    }
+                } else if blk.prev == NIL {
+                    starts.push(b);
+                }
+            }
+            if bin == 0 {
+                break;
+            }
+            top = bin - 1;
+        }
+        (ends, starts)
+    }
 }

@@ -98,6 +98,7 @@ impl Pool {
                     self.release_slot_into(a, None, Settle::Exact);
                 }
                 Change::Retype { p } => self.retype(p, true),
+                Change::HeapOpen { prev } => self.last_heap_open = prev,
                 Change::Begin { counters } => {
                     let (failures, calls) = (self.counters.failures, self.counters.calls);
                     self.counters = *counters;

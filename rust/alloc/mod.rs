@@ -191,6 +191,10 @@ pub struct Pool {
     /// Whether a request of `small_threshold` or more has come (`place`, `place_batch`):
     /// until one does, the lossy rule keeps small requests in heap pages (`Pool::lossy`).
     served_large: bool,
+    /// The heap page opened last (or that `extend_heap` ran a heap segment on over): where
+    /// the next small requests go, so `heap_ends_for` leaves its free end to them in a pool
+    /// of at least `SMALL_POOL`. NIL until one opens.
+    last_heap_open: u32,
     /// A freed heap block kept for the next request if it is of its size (see `cache.rs`);
     /// on unless pages go back to the device as they free up (a release threshold), and off
     /// for good once the pool closes. (An undo frees without caching: `Settle::Exact`.)
@@ -308,6 +312,7 @@ impl Pool {
             first_stream: None,
             streams_mixed: false,
             served_large: false,
+            last_heap_open: NIL,
             cache: SizeCache::new(cfg.size_cache && cfg.release_threshold.is_none()),
             heap_changes: 0,
             cache_ok: (NIL, u64::MAX),

@@ -78,6 +78,7 @@ impl Pool {
                     return Some(l);
                 }
             }
+            self.heap_opened(p);
             let b = self.open_segment(p, 1, PageKind::Heap);
             return Some(Layout::Block(self.carve(b, 0, units, a)));
         }
@@ -131,7 +132,17 @@ impl Pool {
         if !self.binned_free(last) || short {
             return None;
         }
+        self.heap_opened(p);
         Some(self.run_on(last, p, 1, units, a))
+    }
+
+    /// The heap takes page `p` (a new heap page, or a heap segment run on over it): the
+    /// heap page opened last (`last_heap_open`), journaled.
+    fn heap_opened(&mut self, p: u32) {
+        self.journal.push(Change::HeapOpen {
+            prev: self.last_heap_open,
+        });
+        self.last_heap_open = p;
     }
 
     /// Free block `b`, which ends its segment at page `p`, runs on over the `n` pages from
@@ -203,6 +214,14 @@ impl Pool {
         // is cut there when its part as the head or tail saves pages.
         if reach != Reach::Held && (self.free_pages.free_units() as u32) < need {
             if let Some(ht) = self.cut_for(units, head, tail) {
+                (head, tail) = ht;
+                need = self.pages_for(units, head, tail);
+            }
+        }
+        // And a free heap page end or start as the head or tail (on the quick path too:
+        // nothing changes until the layout is committed).
+        if (self.free_pages.free_units() as u32) < need {
+            if let Some(ht) = self.heap_ends_for(units, head, tail) {
                 (head, tail) = ht;
                 need = self.pages_for(units, head, tail);
             }
@@ -498,6 +517,8 @@ impl Pool {
 
 #[cfg(test)]
 mod grow_tests;
+#[cfg(test)]
+mod heap_ends_tests;
 #[cfg(test)]
 mod heap_fit_tests;
 #[cfg(test)]

@@ -339,6 +339,8 @@ pub(super) enum Change {
     Begin { counters: Box<Counters> },
     /// The heap segment whose first page is `p` became a large one (`place_over_heap_ends`).
     Retype { p: u32 },
+    /// A heap page opened; `Pool::last_heap_open` was `prev`.
+    HeapOpen { prev: u32 },
 }
 
 /// One allocation slot: 64 bytes, one cache line (the rounded size is not stored: it is

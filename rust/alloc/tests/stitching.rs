@@ -46,7 +46,10 @@ fn pairing_scenario(max_size: Option<u64>) -> Pool {
     let _w = p.alloc(kib(1024)).unwrap();
     // page 23 (last: a small pool would place a large request below a page in its free
     // block before it took a page, `SMALL_POOL`)
-    let _heap = p.alloc(req(1000)).unwrap();
+    // (its free end, 725 KiB, is shorter than the page ends: no head, `heap_ends_for`)
+    for _ in 0..21 {
+        p.alloc(req(63 * 1024)).unwrap();
+    }
     assert_eq!(p.stats().reserved_bytes, 48 * MIB);
     assert_eq!(p.stats().large_free_bytes, 0);
     for id in [y1, y2, z1] {

@@ -1,0 +1,64 @@
+//! A large request about to grow the pool takes a heap page's free end as its head (or a
+//! free start as its tail) when that saves a page (`heap_ends_for`); in a pool of at least
+//! `SMALL_POOL`, not the end of the heap page opened last, which the next small requests use.
+
+use super::super::tests::{alloc_id as alloc, device, MIB};
+use super::*;
+
+const KIB: u64 = 1 << 10;
+
+/// `held` bytes in a large allocation, then two heap pages and no free page: the first
+/// holds 1,000 KiB and ends in 1,048 KiB free, the second, opened last, holds 64 KiB and
+/// ends in 1,984 KiB free.
+fn two_heap_pages(held: u64) -> Pool {
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
+    alloc(&mut p, held);
+    alloc(&mut p, 1000 * KIB);
+    // (the first page full: the next request opens a page of its own)
+    let ends = [alloc(&mut p, 1000 * KIB), alloc(&mut p, 48 * KIB)];
+    alloc(&mut p, 64 * KIB);
+    for x in ends {
+        p.free(x).unwrap();
+    }
+    p.flush_cache();
+    let s = p.stats();
+    assert_eq!((s.pages_heap, s.pages_free), (2, 0));
+    assert_eq!(s.heap_free_bytes, (1048 + 1984) * KIB);
+    p
+}
+
+#[test]
+fn a_large_request_takes_an_older_heap_page_end_and_leaves_the_last_one_to_the_heap() {
+    let mut p = two_heap_pages(SMALL_POOL);
+    let before = p.reserved_bytes();
+    // the first heap page's 1,048 KiB end as the head and one page (not two)
+    alloc(&mut p, 3096 * KIB);
+    assert_eq!(
+        p.reserved_bytes() - before,
+        2 * MIB,
+        "no heap page end taken"
+    );
+    // the last heap page's free end still holds the next small requests
+    for _ in 0..8 {
+        alloc(&mut p, 240 * KIB);
+    }
+    assert_eq!(
+        p.reserved_bytes() - before,
+        2 * MIB,
+        "the heap page opened last lost its free end"
+    );
+    p.validate().unwrap();
+}
+
+#[test]
+fn a_small_pool_takes_the_end_of_the_heap_page_opened_last_too() {
+    // (4 MiB held: a small pool) the last heap page's 1,984 KiB end as the head of a
+    // 4,032 KiB request: one page, not two
+    let mut p = two_heap_pages(4 * MIB);
+    let before = p.reserved_bytes();
+    alloc(&mut p, 4032 * KIB);
+    assert_eq!(p.reserved_bytes() - before, 2 * MIB);
+    p.validate().unwrap();
+}
