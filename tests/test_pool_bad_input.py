@@ -92,7 +92,7 @@ def test_bad_batches(busy):
     refused(busy, gpumm.InvalidSizeError, busy.alloc_batch, np.array([100, -5]), match="negative")
     refused(busy, TypeError, busy.alloc_batch, np.array([1.0, 2.0]), match="int64/uint64")
     refused(busy, TypeError, busy.alloc_batch, "100", match="int64/uint64")
-    refused(busy, gpumm.OutOfMemoryError, busy.alloc_batch, np.array([30 * MiB, 30 * MiB]))
+    refused(busy, gpumm.OutOfMemoryError, busy.alloc_batch, np.array([31 * MiB, 31 * MiB]))
     ptrs = busy.alloc_batch([1000, 2000])
     refused(busy, gpumm.InvalidFreeError, busy.free_batch, np.array([ptrs[0], ptrs[0]]),
             match="twice")

@@ -200,9 +200,10 @@ def test_rmm_writer_round_trip(tmp_path):
 
 def test_pool_snapshot_writer(tmp_path):
     pool = gpumm.MemoryPool(gpumm.Device(vidmem="64MiB"))
-    # (the small one first: made after, it would take the large segment's free end)
+    # (the small one first: made after, it would take the large segment's free end; whole
+    # pages, so that the heap page's free end saves it no page and it opens a large segment)
     b = pool.alloc(1000)
-    a = pool.alloc(3 * MiB)
+    a = pool.alloc(4 * MiB)
     p = tmp_path / "pool.pickle"
     write_snapshot(pool.snapshot(), p)
     data = load_snapshot(p)  # plain data: loads with the refusing unpickler

@@ -67,7 +67,7 @@ pub(super) const STRADDLE_SCAN: usize = 64;
 /// The heap blocks `heap_ends_for` looks at for free page ends and starts, from the largest
 /// down (4 or 64 place every corpus trace as 16 does; the path runs only when the pool is
 /// about to grow).
-pub(super) const HEAP_END_SCAN: usize = 16;
+pub(super) const HEAP_END_SCAN: usize = 4;
 /// A pool above `SMALL_POOL` about to grow for a fresh tail page takes a free page start
 /// that holds the tail instead when it leaves at most 1/`GROW_TAIL_DIV` of a page of it
 /// (512 KiB at 2 MiB pages; `tail_slack`, 128 KiB, otherwise). Measured over the corpus and

@@ -226,6 +226,17 @@ impl Pool {
     pub(super) fn heap_ends_for(&self, units: u64, head: u32, tail: u32) -> Option<(u32, u32)> {
         let pg = self.pg as u64;
         let need = self.pages_for(units, head, tail);
+        // (no heap block longer than the head, nor than a fresh tail: nothing to look at)
+        let t = ((units - self.len_or_0(head)) % pg) as u32;
+        let head_len = self.len_or_0(head) as u32;
+        let shortest = if t > 0 && tail == NIL {
+            t.min(head_len + 1)
+        } else {
+            head_len + 1
+        };
+        if self.primary[HEAP].last_at_or_below(NUM_BINS - 1)? < bin_of(shortest) {
+            return None;
+        }
         let (ends, starts) = self.heap_page_ends();
         // a tail of `t` granules: a free page start of a large segment, else of a heap one
         let tail_of = |t: u32| -> u32 {
@@ -252,7 +263,6 @@ impl Pool {
                 best = Some((n, e, tl));
             }
         }
-        let t = ((units - self.len_or_0(head)) % pg) as u32;
         if best.is_none() && t > 0 && tail == NIL {
             let s = starts
                 .iter()
@@ -266,7 +276,12 @@ impl Pool {
     /// Of the `HEAP_END_SCAN` largest free heap blocks, those that end their segment (but,
     /// in a pool of at least `SMALL_POOL`, not in the heap page opened last) and those that
     /// start it.
-    fn heap_page_ends(&self) -> (SmallVec<[u32; 8]>, SmallVec<[u32; 8]>) {
+    fn heap_page_ends(
+        &self,
+    ) -> (
+        SmallVec<[u32; HEAP_END_SCAN]>,
+        SmallVec<[u32; HEAP_END_SCAN]>,
+    ) {
         let (mut ends, mut starts) = (SmallVec::new(), SmallVec::new());
         let links = BlockLinksRef(&self.blocks);
         let frontier = if self.small_pool() {
