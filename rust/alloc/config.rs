@@ -65,8 +65,10 @@ pub(super) const SMALL_POOL: u64 = 64 << 20;
 /// instead of 64 changed no corpus trace or class.
 pub(super) const STRADDLE_SCAN: usize = 64;
 /// The heap blocks `heap_ends_for` looks at for free page ends and starts, from the largest
-/// down (4 or 64 place every corpus trace as 16 does; the path runs only when the pool is
-/// about to grow).
+/// down (it runs only when the pool is about to grow). 16 or 64 place every corpus trace as
+/// 4 does; 16 lowers swin_train's held-out copies at 512 B and 4 KiB a page each and costs
+/// the churn pair 0.5 instructions more (docs/reserve.md, "Heap page ends as heads and
+/// tails").
 pub(super) const HEAP_END_SCAN: usize = 4;
 /// A pool above `SMALL_POOL` about to grow for a fresh tail page takes a free page start
 /// that holds the tail instead when it leaves at most 1/`GROW_TAIL_DIV` of a page of it
