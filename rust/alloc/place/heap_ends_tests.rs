@@ -62,3 +62,28 @@ fn a_small_pool_takes_the_end_of_the_heap_page_opened_last_too() {
     assert_eq!(p.reserved_bytes() - before, 2 * MIB);
     p.validate().unwrap();
 }
+
+#[test]
+fn a_refused_batch_leaves_the_heap_page_opened_last_as_it_was() {
+    let mut p = two_heap_pages(SMALL_POOL);
+    let before = p.reserved_bytes();
+    // 1,000 KiB three times (not lossy: a page holds two with 48 KiB over): the first heap
+    // page's end, the second's, then a heap page of their own; the 1 GiB refuses the batch,
+    // and its heap page goes back
+    let mut out = vec![];
+    let err = p.alloc_batch(&[1000 * KIB, 1000 * KIB, 1000 * KIB, 1 << 30], 0, &mut out);
+    assert!(err.is_err() && out.is_empty());
+    assert_eq!(p.reserved_bytes(), before);
+    // the heap page opened last is the second one again: a large request takes the first
+    // one's end, and the second one's end still holds the small requests
+    alloc(&mut p, 3096 * KIB);
+    for _ in 0..8 {
+        alloc(&mut p, 240 * KIB);
+    }
+    assert_eq!(
+        p.reserved_bytes() - before,
+        2 * MIB,
+        "the refused batch moved the heap page opened last"
+    );
+    p.validate().unwrap();
+}
