@@ -4,6 +4,10 @@
 //! on the same random stream. Then the memory each needs for the churn stream of the peer
 //! bench (benches/peers.rs): the smallest device on which it serves the whole stream (lower
 //! is better). Run: `cargo bench --no-default-features --bench fill`.
+//!
+//! `FILL_SEEDS=1-40` fills over other seeds (default 1-3) and `FILL_ONLY=gpumm` keeps the rows
+//! whose name holds the text (and skips the smallest devices): three seeds tell a change
+//! that moves the fill from one that moves where a seed's first failure falls.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -216,8 +220,21 @@ fn smallest_device(make: &dyn Fn(u64) -> Box<dyn Filler>, peak: u64) -> Option<u
     Some(hi * step)
 }
 
+/// The seeds of `FILL_SEEDS` ("1-40" or "1,4,9"), else 1-3.
+fn seeds() -> Vec<u64> {
+    let text = std::env::var("FILL_SEEDS").unwrap_or_else(|_| "1-3".into());
+    let mut out = vec![];
+    for part in text.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let (lo, hi): (u64, u64) = (lo.trim().parse().unwrap(), hi.trim().parse().unwrap());
+        out.extend(lo..=hi);
+    }
+    out
+}
+
 fn main() {
-    let seeds = [1u64, 2, 3];
+    let seeds = seeds();
+    let only = std::env::var("FILL_ONLY").ok();
     type Make = Box<dyn Fn() -> Box<dyn Filler>>;
     let rows: Vec<(&str, Make)> = vec![
         (
@@ -259,10 +276,16 @@ fn main() {
     println!("| allocator | in use at the first failure (seeds {seeds:?}) | mean |");
     println!("|---|---|---|");
     for (name, make) in rows {
+        if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+            continue;
+        }
         let r: Vec<f64> = seeds.iter().map(|&s| fill(make().as_mut(), s).0).collect();
         let mean = r.iter().sum::<f64>() / r.len() as f64;
         let each: Vec<String> = r.iter().map(|x| format!("{:.2} %", x * 100.0)).collect();
-        println!("| {name} | {} | {:.2} % |", each.join(", "), mean * 100.0);
+        println!("| {name} | {} | {:.3} % |", each.join(", "), mean * 100.0);
+    }
+    if only.is_some() {
+        return;
     }
     type MakeFor = Box<dyn Fn(u64) -> Box<dyn Filler>>;
     let rows: Vec<(&str, MakeFor)> = vec![

@@ -56,7 +56,11 @@ impl Pool {
     /// segments again. A refusal undoes the change with the rest of the journal. (At 178 MiB
     /// the three streams' 3.79 MiB request failed beside a heap page's free 1,946 KiB end and
     /// a large page's free 1,976 KiB start; the interleaved class fails with every page a
-    /// heap page, in 190 holes.)
+    /// heap page, in 190 holes.) The growth path's `heap_ends_for` takes heap page ends and
+    /// starts too, without retyping, but only for large requests, only of the
+    /// `HEAP_END_SCAN` largest heap blocks and, in a pool of at least `SMALL_POOL`, not the
+    /// heap page opened last; here every heap segment's ends are candidates, paired for the
+    /// fewest pages (`pair_fewest_pages`).
     fn place_over_heap_ends(&mut self, units: u64, a: u32) -> Option<Layout> {
         let mut segs: SmallVec<[u32; 16]> = SmallVec::new();
         for p in 0..self.pages.len() as u32 {
