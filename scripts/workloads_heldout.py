@@ -178,9 +178,81 @@ def opt_decode() -> Step:
     return generate_step(model, 16000, 3, 40, 48)
 
 
+def lora_train() -> Step:
+    """Low-rank adapters on a frozen model (LoRA: the weights frozen, rank-8 matrices A and B
+    beside every attention and MLP projection trained, their output added): transformers'
+    Llama with a shrunk configuration (6 layers, hidden 512, 8 heads, vocabulary 16000),
+    batch 4 of 256 tokens, AdamW over the adapters only."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class LoRA(torch.nn.Module):
+        def __init__(self, base: torch.nn.Linear, rank: int = 8) -> None:
+            super().__init__()
+            self.base = base
+            self.a = torch.nn.Parameter(torch.randn(rank, base.in_features) / rank)
+            self.b = torch.nn.Parameter(torch.zeros(base.out_features, rank))
+
+        def forward(self, x):
+            return self.base(x) + (x @ self.a.t()) @ self.b.t() * 2.0
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        hidden_size=512, num_hidden_layers=6, num_attention_heads=8, intermediate_size=1376,
+        vocab_size=16000, max_position_embeddings=512))
+    for p in model.parameters():
+        p.requires_grad = False
+    for layer in model.model.layers:
+        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for n in names:
+                setattr(parent, n, LoRA(getattr(parent, n)))
+    ids = torch.randint(0, 16000, (4, 256))
+    return adamw_step(model, lambda: model(input_ids=ids, labels=ids).loss)
+
+
+def dlrm_train() -> Step:
+    """A recommendation model (DLRM): 8 embedding-bag tables of 20,000-160,000 rows x 64 with
+    sparse gradients (each step's rows differ, so the gradients' sizes do), a bottom MLP over
+    13 dense features, pairwise dot interactions, a top MLP, binary cross-entropy; SparseAdam
+    for the tables, Adam for the MLPs; batch 1024 of 16 ids a bag."""
+    import torch
+
+    torch.manual_seed(0)
+    rows = [20_000 * (1 + i) for i in range(8)]
+    tables = torch.nn.ModuleList(
+        torch.nn.EmbeddingBag(n, 64, mode="sum", sparse=True) for n in rows)
+    bottom = torch.nn.Sequential(torch.nn.Linear(13, 256), torch.nn.ReLU(),
+                                 torch.nn.Linear(256, 64), torch.nn.ReLU())
+    pairs = 9 * 8 // 2
+    top = torch.nn.Sequential(torch.nn.Linear(64 + pairs, 512), torch.nn.ReLU(),
+                              torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    sparse = torch.optim.SparseAdam(list(tables.parameters()), lr=1e-3)
+    dense = torch.optim.Adam(list(bottom.parameters()) + list(top.parameters()), lr=1e-3)
+    batch, per_bag = 1024, 16
+    iu = torch.triu_indices(9, 9, offset=1)
+
+    def step() -> None:
+        x = torch.randn(batch, 13)
+        y = torch.randint(0, 2, (batch, 1)).float()
+        d = bottom(x)
+        embs = [t(torch.randint(0, n, (batch * per_bag,)),
+                  torch.arange(0, batch * per_bag, per_bag)) for t, n in zip(tables, rows)]
+        z = torch.stack([d] + embs, dim=1)
+        inter = torch.bmm(z, z.transpose(1, 2))[:, iu[0], iu[1]]
+        logit = top(torch.cat([d, inter], dim=1))
+        torch.nn.functional.binary_cross_entropy_with_logits(logit, y).backward()
+        sparse.step()
+        dense.step()
+        sparse.zero_grad(set_to_none=True)
+        dense.zero_grad(set_to_none=True)
+
+    return step
+
+
 #: In the order they were recorded: the first four after the size cache stopped changing
-#: placements (docs/reserve.md, "Held-out workloads"), the last five after the policy of
-#: issue 27's first rounds.
+#: placements (docs/reserve.md, "Held-out workloads"), the next five after the policy of
+#: issue 27's first rounds, the last two after the heap page ends rule.
 HELD_OUT: List[Workload] = [
     Workload("deberta_train", "DeBERTa-v2 (small), 8 x 256 tokens, AdamW", deberta_train, 1, 2),
     Workload("segformer_train", "SegFormer (MiT-b0), 2 x 256 x 256, per-pixel loss, AdamW",
@@ -196,4 +268,8 @@ HELD_OUT: List[Workload] = [
     Workload("regnet_train", "RegNet, 8 x 160 x 160, AdamW", regnet_train, 1, 2),
     Workload("opt_decode", "OPT (small), greedy generate, 3 x 40 + 48 tokens, KV cache",
              opt_decode, 1, 1),
+    Workload("lora_train", "Llama (small) frozen, rank-8 LoRA adapters, 4 x 256 tokens, AdamW",
+             lora_train, 1, 2),
+    Workload("dlrm_train", "DLRM, 8 sparse embedding-bag tables, batch 1024, SparseAdam + Adam",
+             dlrm_train, 1, 2),
 ]
