@@ -29,27 +29,28 @@ fn two_heap_pages(held: u64) -> Pool {
     p
 }
 
-#[test]
-fn a_large_request_takes_an_older_heap_page_end_and_leaves_the_last_one_to_the_heap() {
-    let mut p = two_heap_pages(SMALL_POOL);
-    let before = p.reserved_bytes();
-    // the first heap page's 1,048 KiB end as the head and one page (not two)
+/// A 3,096 KiB request, then eight of 240 KiB, on `two_heap_pages(SMALL_POOL)` (reserving
+/// `before`): the large one takes the first heap page's 1,048 KiB end as its head and one
+/// page (not two), and the heap page opened last keeps its free end for the small ones.
+fn large_then_small_take_one_page(mut p: Pool, before: u64, why: &str) {
     alloc(&mut p, 3096 * KIB);
     assert_eq!(
         p.reserved_bytes() - before,
         2 * MIB,
         "no heap page end taken"
     );
-    // the last heap page's free end still holds the next small requests
     for _ in 0..8 {
         alloc(&mut p, 240 * KIB);
     }
-    assert_eq!(
-        p.reserved_bytes() - before,
-        2 * MIB,
-        "the heap page opened last lost its free end"
-    );
+    assert_eq!(p.reserved_bytes() - before, 2 * MIB, "{why}");
     p.validate().unwrap();
+}
+
+#[test]
+fn a_large_request_takes_an_older_heap_page_end_and_leaves_the_last_one_to_the_heap() {
+    let p = two_heap_pages(SMALL_POOL);
+    let before = p.reserved_bytes();
+    large_then_small_take_one_page(p, before, "the heap page opened last lost its free end");
 }
 
 #[test]
@@ -74,16 +75,10 @@ fn a_refused_batch_leaves_the_heap_page_opened_last_as_it_was() {
     let err = p.alloc_batch(&[1000 * KIB, 1000 * KIB, 1000 * KIB, 1 << 30], 0, &mut out);
     assert!(err.is_err() && out.is_empty());
     assert_eq!(p.reserved_bytes(), before);
-    // the heap page opened last is the second one again: a large request takes the first
-    // one's end, and the second one's end still holds the small requests
-    alloc(&mut p, 3096 * KIB);
-    for _ in 0..8 {
-        alloc(&mut p, 240 * KIB);
-    }
-    assert_eq!(
-        p.reserved_bytes() - before,
-        2 * MIB,
-        "the refused batch moved the heap page opened last"
+    // the heap page opened last is the second one again
+    large_then_small_take_one_page(
+        p,
+        before,
+        "the refused batch moved the heap page opened last",
     );
-    p.validate().unwrap();
 }
