@@ -113,3 +113,21 @@ fn a_small_pool_grows_only_when_no_free_block_holds_the_request() {
         "allocations that grew the pool beside a free block that held them"
     );
 }
+
+#[test]
+fn a_small_request_takes_a_free_block_of_a_large_segment_while_a_page_is_held_free() {
+    let mut p = small_pool();
+    let whole = alloc(&mut p, 2 * MIB);
+    alloc(&mut p, 3 * MIB / 2);
+    p.free(whole).unwrap();
+    p.flush_cache();
+    let s = p.stats();
+    assert_eq!((s.reserved_bytes, s.pages_free), (4 * MIB, 1));
+    // the large page's free 512 KiB end, not a heap page on the page held free ...
+    alloc(&mut p, 100 * KIB);
+    assert_eq!(p.stats().pages_free, 1, "a heap page opened on the page held free");
+    // ... which the next large request then takes without growing
+    alloc(&mut p, 2 * MIB);
+    assert_eq!(p.reserved_bytes(), 4 * MIB);
+    p.validate().unwrap();
+}
