@@ -125,7 +125,11 @@ fn a_small_request_takes_a_free_block_of_a_large_segment_while_a_page_is_held_fr
     assert_eq!((s.reserved_bytes, s.pages_free), (4 * MIB, 1));
     // the large page's free 512 KiB end, not a heap page on the page held free ...
     alloc(&mut p, 100 * KIB);
-    assert_eq!(p.stats().pages_free, 1, "a heap page opened on the page held free");
+    assert_eq!(
+        p.stats().pages_free,
+        1,
+        "a heap page opened on the page held free"
+    );
     // ... which the next large request then takes without growing
     alloc(&mut p, 2 * MIB);
     assert_eq!(p.reserved_bytes(), 4 * MIB);
