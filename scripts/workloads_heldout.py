@@ -265,6 +265,9 @@ def gnn_sampled_train() -> Step:
                                   torch.nn.Linear(2 * width, 16)])
     opt = torch.optim.AdamW(layers.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1)
+    # (a step of its own, not `adamw_step`: the sampled tensors stay live through the
+    # backward pass and the optimizer step, as recorded; through `adamw_step`'s loss closure
+    # they would not, and the peak live reads 11.7 MiB instead of 15.6)
 
     def hop(seeds):
         """Up to `fanout` random neighbours of each seed (a random graph: drawn, not stored)."""
@@ -306,6 +309,8 @@ def gru_packed_varlen_train() -> Step:
     params = list(emb.parameters()) + list(gru.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
     gen = torch.Generator().manual_seed(1)
+    # (a step of its own, as `gnn_sampled_train`'s: through `adamw_step` the packed
+    # tensors would die before the backward pass, and the peak live read 111.1 MiB, not 120.2)
 
     def step() -> None:
         lengths = torch.randint(8, 201, (16,), generator=gen).sort(descending=True).values

@@ -67,9 +67,9 @@ pub(super) const SMALL_POOL: u64 = 64 << 20;
 /// the 1–10 MiB class +6 MiB over 80 seeds). Each block looked at costs: 64 instead of 16
 /// took the mixed churn pair from 847.0 to 849.4 instructions. The fill to failure over 40
 /// seeds (`FILL_SEEDS=1-40 cargo bench --no-default-features --bench fill`) is the same
-/// within 0.002 of a point: 99.778 → 99.780 %, every allocation movable 99.948 → 99.946 %; its three
-/// default seeds move where their first failures fall, movable 99.95 → 99.92 % in mean
-/// (docs/reserve.md, "Reserve on every trace").
+/// within 0.002 of a point: 99.778 → 99.780 %, every allocation movable 99.948 → 99.946 %;
+/// its three default seeds move where their first failures fall, movable 99.95 → 99.92 %
+/// in mean (docs/reserve.md, "Reserve on every trace").
 pub(super) const STRADDLE_SCAN: usize = 16;
 /// The heap blocks `heap_ends_for` looks at for free page ends and starts, from the largest
 /// down (it runs only when the pool is about to grow). 16 or 64 place every corpus trace as
