@@ -17,6 +17,9 @@ RMM would never have seen the allocation; allocations still live at the end have
 
 The output folder is ``--out``, else ``$GPUMM_TRACE_CACHE``, else ``~/.cache/gpumm/traces``;
 each workload writes ``<name>.csv.gz`` there. A file already there is kept unless ``--force``.
+Each workload is recorded in a process of its own: one the kernel kills (its out-of-memory
+killer sends SIGKILL, which no Python code sees) is reported by name, leaves no file, and the
+others are still recorded; the script then exits 1.
 The workloads are defined in scripts/workloads.py and listed in docs/replay.md, "Recorded
 workloads".
 """
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -131,6 +136,44 @@ def record(w: Workload, path: Path) -> Trace:
     return trace
 
 
+def how_it_ended(returncode: int) -> str:
+    """What a child's exit status says, in words: negative is the signal that killed it."""
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    if -returncode == signal.SIGKILL:
+        return (f"killed by {name}, most likely by the kernel's out-of-memory killer (`dmesg` "
+                f"says so): record it alone, with less else running")
+    return f"killed by {name}"
+
+
+def run_child(cmd: List[str], head: str) -> bool:
+    """Runs one recording's process; on failure says how it ended. True if it exited 0."""
+    rc = subprocess.run(cmd).returncode
+    if rc != 0:
+        print(f"{head}: not recorded: {how_it_ended(rc)}", flush=True)
+    return rc == 0
+
+
+def _record_here(w: Workload, path: Path, head: str) -> int:
+    """Records one workload in this process (the child's side of :func:`main`)."""
+    import torch
+
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    t0 = time.perf_counter()
+    try:
+        trace = record(w, path)
+    except Exception as e:  # a model the installed library cannot build: say so
+        print(f"{head}: not recorded: {type(e).__name__}: {e}", flush=True)
+        return 1
+    print(f"{head}: {path}: {trace.num_allocs:,} allocations, peak live "
+          f"{format_size(trace.peak_live())}, {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="output folder (default: $GPUMM_TRACE_CACHE or ~/.cache/gpumm/traces)")
@@ -138,6 +181,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help=f"record only these ({', '.join(WORKLOADS)})")
     ap.add_argument("--force", action="store_true", help="record again files already there")
     ap.add_argument("--list", action="store_true", help="list the workloads and exit")
+    ap.add_argument("--child", nargs=2, metavar=("NAME", "HEAD"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.list:
         for w in WORKLOADS.values():
@@ -150,8 +194,10 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr)
         return 2
     out = (args.out or cache_dir()).expanduser()
+    if args.child:  # one recording, in the process main started for it
+        name, head = args.child
+        return _record_here(WORKLOADS[name], out / f"{name}.csv.gz", head)
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
     check_exact_sizes()
     todo = [WORKLOADS[n] for n in (args.only or WORKLOADS)]
     failed = 0
@@ -162,15 +208,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{head}: {path} is there, kept (--force records it again)", flush=True)
             continue
         print(f"{head}: {w.summary}: {w.warmup} warm-up + {w.steps} recorded steps ...", flush=True)
-        t0 = time.perf_counter()
-        try:
-            trace = record(w, path)
-        except Exception as e:  # a model the installed library cannot build: say so, go on
-            failed += 1
-            print(f"{head}: not recorded: {type(e).__name__}: {e}", flush=True)
-            continue
-        print(f"{head}: {path}: {trace.num_allocs:,} allocations, peak live "
-              f"{format_size(trace.peak_live())}, {time.perf_counter() - t0:.0f} s", flush=True)
+        child = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--child", w.name, head]
+        failed += not run_child(child, head)
     return 1 if failed else 0
 
 
