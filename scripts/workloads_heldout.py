@@ -327,6 +327,84 @@ def gru_packed_varlen_train() -> Step:
     return step
 
 
+def efficientnet_multiscale_train() -> Step:
+    """Multi-scale training (each step's images drawn at a new side, as detectors and YOLO
+    train): transformers' EfficientNet at B0's width and depth (depthwise convolutions,
+    squeeze-and-excitation), 10 classes, batch 8 at a side drawn from 128-256 in steps of
+    32 each step, so every step's activations have other sizes; AdamW."""
+    import torch
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    torch.manual_seed(0)
+    model = EfficientNetForImageClassification(EfficientNetConfig(
+        width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280, image_size=224,
+        num_labels=10))
+    gen = torch.Generator().manual_seed(1)
+    labels = torch.randint(0, 10, (8,))
+    side = {"now": 224}
+
+    def loss():
+        return model(pixel_values=torch.randn(8, 3, side["now"], side["now"], generator=gen),
+                     labels=labels).loss
+
+    train = adamw_step(model, loss)
+
+    def step() -> None:
+        side["now"] = 128 + 32 * int(torch.randint(0, 5, (1,), generator=gen))
+        train()
+
+    return step
+
+
+def llama_static_decode() -> Step:
+    """Decoding into a static KV cache (`cache_implementation="static"`: every layer's keys
+    and values allocated once at their full length, as compiled serving does) with
+    left-padded prompts of unequal lengths: transformers' Llama with a shrunk configuration
+    (6 layers, hidden 512, 8 heads, 4 key/value heads, vocabulary 32000), batch 4 of prompts
+    of 24-96 tokens, 64 new tokens greedy."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512)).eval()
+    lengths = [24, 96, 57, 40]
+    ids = torch.randint(1, 32000, (4, max(lengths)))
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):  # left padding: each prompt ends at the last column
+        ids[row, :-n] = 0
+        mask[row, -n:] = 1
+
+    def step() -> None:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=64, min_new_tokens=64,
+                                 do_sample=False, cache_implementation="static", pad_token_id=0)
+        assert out.shape == (4, max(lengths) + 64), out.shape
+
+    return step
+
+
+def t5_sample_generate() -> Step:
+    """Encoder-decoder generation by nucleus sampling (each token's logits over the vocabulary
+    sorted for top-p, a cross-attention cache beside the growing self-attention one): T5-small
+    (the default T5Config), batch 4 of 256 source tokens, 48 new tokens, top-p 0.9."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(decoder_start_token_id=0, pad_token_id=0)).eval()
+    src = torch.randint(2, 32128, (4, 256))
+
+    def step() -> None:
+        with torch.no_grad():
+            out = model.generate(src, attention_mask=torch.ones_like(src), max_new_tokens=48,
+                                 min_new_tokens=48, do_sample=True, top_p=0.9, top_k=0)
+        assert out.shape[0] == 4, out.shape
+
+    return step
+
+
 #: In the order they were recorded: the first four after the size cache stopped changing
 #: placements (docs/reserve.md, "Held-out workloads"), the next five after the policy of
 #: issue 27's first rounds, the last four after the heap page ends rule.
@@ -353,4 +431,10 @@ HELD_OUT: List[Workload] = [
              gnn_sampled_train, 1, 4),
     Workload("gru_packed_varlen_train", "bidirectional GRU tagger, packed sequences of new lengths "
              "each step, AdamW", gru_packed_varlen_train, 1, 4),
+    Workload("efficientnet_multiscale_train", "EfficientNet-B0, 8 images at a new side (128-256) "
+             "each step, AdamW", efficientnet_multiscale_train, 1, 4),
+    Workload("llama_static_decode", "Llama (small), static KV cache, 4 left-padded prompts of "
+             "24-96 + 64 tokens", llama_static_decode, 1, 1),
+    Workload("t5_sample_generate", "T5-small, nucleus-sampled generate, 4 x 256 + 48 tokens",
+             t5_sample_generate, 1, 1),
 ]
