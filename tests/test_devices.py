@@ -11,7 +11,7 @@ import pytest
 
 from gpumm.cli import demo_trace_path, main
 from gpumm.doctor import diagnose_file
-from gpumm.errors import InvalidArgumentError
+from gpumm.errors import InvalidArgumentError, TraceFormatError
 from gpumm.replay import ALLOCATORS, devices_json, read_devices, replay_file
 from gpumm.report import html_report, recorded_oom_text
 from gpumm.traces import read_traces
@@ -152,6 +152,32 @@ def test_a_device_the_file_does_not_have(three_gpus, tmp_path, capsys):
     assert main(["replay", demo_trace_path(), "--gpu", "0", "--no-min-capacity",
                  "--allocator", "gpumm", "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out)["device"] == 0
+
+
+@pytest.mark.parametrize("name, body, says", [
+    ("header.csv", b"Thread,Time,Action,Pointer,Size,Stream\n", "no allocation in this RMM log"),
+    ("frees_only.csv", b"Thread,Time,Action,Pointer,Size,Stream\n1,0.1,free,0x10,512,0x0\n",
+     "no allocation in this RMM log"),
+    ("empty.pickle", pickle.dumps({"segments": [], "device_traces": [[], []]}),
+     "_record_memory_history()"),
+    ("cached_only.pickle", pickle.dumps({"segments": [{
+        "device": 0, "address": 0, "total_size": 2 * MiB, "stream": 0, "segment_type": "large",
+        "allocated_size": 0, "active_size": 0,
+        "blocks": [{"size": 2 * MiB, "state": "inactive", "address": 0}]}]}),
+     "no live block in its state"),
+    ("no_memory.json", b'{"traceEvents": []}', "profile_memory=True"),
+])
+def test_a_file_with_nothing_to_replay_is_a_clear_error(tmp_path, capsys, name, body, says):
+    """A trace of a known format that holds no allocation (history not recorded, memory
+    not profiled) is an error that says so and what records one, not a table of zeros."""
+    path = tmp_path / name
+    path.write_bytes(body)
+    for cmd in ("replay", "doctor"):
+        assert main([cmd, str(path), "--no-plan"]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "nothing to replay" in err and says in err, err
+    with pytest.raises(TraceFormatError, match="nothing to replay"):
+        replay_file(path)
 
 
 class _Sections(html.parser.HTMLParser):

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from gpumm import _core
 from gpumm.alloc_conf import options_from_settings
 from gpumm.arch import get_device
-from gpumm.errors import GpummError, InvalidArgumentError
+from gpumm.errors import GpummError, InvalidArgumentError, TraceFormatError
 from gpumm.traces import read_traces
 from gpumm.traces.base import Trace
 from gpumm.traces.prepare import Prepared, prepare
@@ -334,14 +334,30 @@ def replay(
     )
 
 
+#: Why a file of a known format holds nothing to replay, and what records something.
+_NOTHING_TO_REPLAY = {
+    "rmm": "no allocation in this RMM log (its rows hold no 'allocate'): nothing to replay",
+    "snapshot": ("no allocation in this snapshot's history and no live block in its state: "
+                 "nothing to replay (call torch.cuda.memory._record_memory_history() before "
+                 "the run, then torch.cuda.memory._dump_snapshot())"),
+    "profiler": ("no memory event in this profiler trace: nothing to replay (profile with "
+                 "profile_memory=True)"),
+}
+
+
 def read_devices(path: Union[str, "os.PathLike[str]"], gpu: Optional[int] = None) -> List[Trace]:
     """The traces of ``path`` to replay: every device (the device that recorded an
     out-of-memory failure first, then by index; one for an RMM log or a profiler trace), or
     only device ``gpu``. A device the file does not hold is an
-    :class:`~gpumm.errors.InvalidArgumentError` that lists the ones it holds."""
+    :class:`~gpumm.errors.InvalidArgumentError` that lists the ones it holds; a file that
+    holds no allocation on any device (a snapshot taken without its history, a profiler
+    trace without memory events) a :class:`~gpumm.errors.TraceFormatError` that says what
+    records one."""
     if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool)):
         raise InvalidArgumentError(f"gpu must be a device index (an int), not {gpu!r}")
     traces = read_traces(path)
+    if all(t.num_allocs == 0 for t in traces):
+        raise TraceFormatError(f"{os.fspath(path)}: {_NOTHING_TO_REPLAY[traces[0].format]}")
     if gpu is None:
         return traces
     chosen = [t for t in traces if t.device == gpu]
