@@ -123,3 +123,31 @@ def test_the_least_device_it_names_runs_the_trace():
     enough = -(-t.peak_live() // 512) * 512
     assert not replay(t, ["driver"], capacity=enough, min_capacity=False).results["driver"].ooms
     assert t.peak_live() - MiB // 100 <= named <= enough + MiB // 100, line
+
+
+def test_a_job_that_would_fail_on_the_device_gets_each_fix_replayed():
+    """No failure recorded, but on the device given (``--capacity``) PyTorch's allocator with
+    the trace's settings fails: the doctor says so first, with what it needs, then replays
+    each candidate fix over the whole trace on that device and says which serve it. On the
+    shipped trace at 4,500 MiB: the defaults need 4,664, expandable segments 4,400 and
+    gpumm's pool 4,356 (all three searched here, not written in)."""
+    from gpumm.cli import demo_trace_path
+    from gpumm.replay import replay
+    from gpumm.traces import read_trace
+
+    t = read_trace(demo_trace_path())
+    need = replay(t, ["caching", "caching-expandable", "gpumm"], planned=False).results
+    cap = 4500 << 20
+    assert need["caching-expandable"].min_capacity <= cap < need["caching"].min_capacity
+    assert need["gpumm"].min_capacity <= cap
+    text = [f.text for f in diagnose_trace(t, "4500MiB", planned=False).findings]
+    assert text[0].startswith("on a device of 4.39 GiB PyTorch's caching allocator "
+                              "(PyTorch's defaults) fails"), text
+    assert f"it needs {format_size(need['caching'].min_capacity)}" in text[0], text
+    serves = [line for line in text if "serves every request" in line]
+    assert any("expandable_segments:True" in line for line in serves), text
+    assert any("gpumm's pool" in line for line in serves), text
+    assert any("max_split_size_mb:512 would also fail" in line for line in text), text
+    # on the default device (80 GiB) nothing fails, and none of this is said
+    assert not any("fails" in f.text or "serves every" in f.text
+                   for f in diagnose_trace(t, planned=False).findings)

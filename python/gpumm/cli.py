@@ -486,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     uv.add_argument("--json", metavar="OUT", help="write results as JSON ('-' for stdout only)")
     dr = sub.add_parser("doctor", help="why a job ran out of memory (or reserved too much): a trace or snapshot")
     dr.add_argument("trace", help="RMM log CSV, PyTorch snapshot pickle, or profiler JSON")
-    dr.add_argument("--capacity", help="device capacity for the replays (default: an H100's)")
+    dr.add_argument("--capacity", help="the device to replay on: whether the job fits it with PyTorch's allocator, and which setting makes it fit (default: an H100's)")
     dr.add_argument("--gpu", type=int, metavar="N", help="diagnose device N of a snapshot only "
                     "(default: every device, the one with a recorded OOM first)")
     dr.add_argument("--no-plan", action="store_true", help="leave the offline planner out (no "

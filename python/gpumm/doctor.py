@@ -64,7 +64,12 @@ def diagnose_trace(t: Any, capacity: Optional[str] = None, planned: bool = True)
     if g.ran and rec and rec - g.peak_reserved > max(64 << 20, rec // 100):
         add(Finding("remedy", f"gpumm would have peaked at {fs(g.peak_reserved)} where the recorded "
                     f"allocator held {fs(rec)}: {fs(rec - g.peak_reserved)} less", rec - g.peak_reserved))
-    if g.ran and c.ran and c.peak_reserved - g.peak_reserved > max(64 << 20, c.peak_reserved // 100):
+    if not fails and c.ran and c.ooms:
+        # no failure recorded, but the job would fail on this device with PyTorch's allocator
+        from gpumm.oom import explain_replayed_oom
+
+        oom_findings = explain_replayed_oom(t, c, rep.capacity)
+    elif g.ran and c.ran and c.peak_reserved - g.peak_reserved > max(64 << 20, c.peak_reserved // 100):
         add(Finding("remedy", f"replayed: PyTorch's caching allocator needs {_fs(c.min_capacity)} "
                     f"of device, gpumm {_fs(g.min_capacity)} (peak reserved {fs(c.peak_reserved)} "
                     f"vs {fs(g.peak_reserved)})", c.peak_reserved - g.peak_reserved))

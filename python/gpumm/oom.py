@@ -6,6 +6,10 @@ was live, what was cached but free and its largest free block, and what the devi
 Then each candidate fix replays the same events and the failed request on a device of the
 job's size (what PyTorch held then plus what the device had free), and says whether the
 request would have been served. ``gpumm doctor TRACE`` prints these findings.
+
+A trace with no recorded failure fails in the replay when the device it is replayed on
+(``gpumm doctor TRACE --capacity SIZE``) is too small for PyTorch's allocator: then each
+candidate fix replays the whole trace on that device (:func:`explain_replayed_oom`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from gpumm.units import format_size as fs
 from gpumm.units import parse_size
 
 __all__ = ["OomState", "state_at_oom", "live_at", "live_blocks_at", "recorded_reserved_at",
-           "try_fix", "explain_recorded_oom"]
+           "try_fix", "candidate_fixes", "explain_recorded_oom", "explain_replayed_oom"]
 
 _HUGE = 1 << 50  # a capacity no trace reaches: the state replay must not fail on its own
 
@@ -133,7 +137,7 @@ def state_at_oom(t: Trace, oom: Dict[str, Any]) -> OomState:
         holders=holders(live, 5))
 
 
-def _fixes(t: Trace) -> List[Tuple[str, str, Dict[str, Any]]]:
+def candidate_fixes(t: Trace) -> List[Tuple[str, str, Dict[str, Any]]]:
     """(label, model, options) of the candidate fixes that differ from the recorded setting."""
     from gpumm.tune import DEFAULTS, alloc_conf_text
 
@@ -183,7 +187,7 @@ def explain_recorded_oom(t: Trace, oom: Dict[str, Any],
                            f"{fs(st.size)} requested > {fs(cap)} (PyTorch's reserve then plus "
                            f"the device's free memory); {fs(short)} of live memory must go "
                            f"(the holders below), or a larger device", st.size))
-    for label, model, opts in _fixes(t):
+    for label, model, opts in candidate_fixes(t):
         ok = try_fix(t, oom, model, opts, cap)
         verdict = ("would have served it" if ok else "would also have failed" if ok is False
                    else "failed in the core")
@@ -195,3 +199,39 @@ def explain_recorded_oom(t: Trace, oom: Dict[str, Any],
                            f"({count} allocation(s))", nbytes))
     return out
 
+
+
+def explain_replayed_oom(t: Trace, caching: Any, cap: int) -> List[Finding]:
+    """Findings for a trace whose replay through the caching model with the recorded settings
+    (``caching``, its allocator result) fails on a ``cap``-byte device: how many requests
+    fail and what it needs, then each candidate fix replayed over the whole trace on that
+    device, and whether it serves every request."""
+    from gpumm.replay import run_model
+    from gpumm.tune import DEFAULTS, alloc_conf_text
+
+    rec = dict(DEFAULTS)
+    rec.update(recorded_options(t, None))
+    conf = alloc_conf_text(rec)
+    setting = f"PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else "PyTorch's defaults"
+    first = caching.ooms[0]
+    p = prepare(t)
+    # its smallest capacity is above this device: search up to a device that holds it
+    wide = max(4 * cap, 2 * p.peak_live)
+    need = run_model("caching", p, wide, recorded_options(t, None)).min_capacity
+    needs = f"it needs {fs(need)}" if need else f"it needs more than {fs(wide)}"
+    out = [Finding("fact", f"on a device of {fs(cap)} PyTorch's caching allocator ({setting}) "
+                   f"fails {len(caching.ooms)} request(s) of this trace (the first: "
+                   f"{fs(first['size'])}); {needs}", first["size"])]
+    for label, model, opts in candidate_fixes(t):
+        r = run_model(model, p, cap, opts, min_capacity=False)
+        if r.error:
+            out.append(Finding("fact", f"replayed on a {fs(cap)} device: {label} failed in the "
+                               f"core: {r.error}"))
+        elif r.ooms:
+            out.append(Finding("fact", f"replayed on a {fs(cap)} device: {label} would also "
+                               f"fail ({len(r.ooms)} request(s))"))
+        else:
+            out.append(Finding("remedy", f"replayed on a {fs(cap)} device: {label} serves every "
+                               f"request (peak reserved {fs(r.peak_reserved)})",
+                               cap - r.peak_reserved + first["size"]))
+    return out
