@@ -180,6 +180,23 @@ def test_a_file_with_nothing_to_replay_is_a_clear_error(tmp_path, capsys, name, 
         replay_file(path)
 
 
+def test_a_snapshot_of_state_only_still_replays(tmp_path, capsys):
+    """No history but a live block in the state (a snapshot taken without
+    `_record_memory_history()`, as the shared oom_state.pickle): the replay allocates the
+    live blocks, it is not "nothing to replay"."""
+    path = tmp_path / "state.pickle"
+    path.write_bytes(pickle.dumps({"segments": [{
+        "device": 0, "address": 0, "total_size": 2 * MiB, "stream": 0, "segment_type": "large",
+        "allocated_size": MiB, "active_size": MiB,
+        "blocks": [{"size": MiB, "requested_size": MiB, "state": "active_allocated",
+                    "address": 0},
+                   {"size": MiB, "state": "inactive", "address": MiB}]}]}))
+    (t,) = read_devices(path)
+    assert t.num_allocs == 0 and t.start.blocks
+    assert main(["replay", str(path), "--no-plan", "--no-min-capacity"]) == 0
+    assert "state but no history" in " ".join(capsys.readouterr().out.split())
+
+
 class _Sections(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()

@@ -356,7 +356,7 @@ def read_devices(path: Union[str, "os.PathLike[str]"], gpu: Optional[int] = None
     if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool)):
         raise InvalidArgumentError(f"gpu must be a device index (an int), not {gpu!r}")
     traces = read_traces(path)
-    if all(t.num_allocs == 0 for t in traces):
+    if all(t.num_allocs == 0 and not (t.start and t.start.blocks) for t in traces):
         raise TraceFormatError(f"{os.fspath(path)}: {_NOTHING_TO_REPLAY[traces[0].format]}")
     if gpu is None:
         return traces
