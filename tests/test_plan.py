@@ -75,7 +75,23 @@ def test_bad_input_is_a_clear_error():
     with pytest.raises(InvalidArgumentError):
         _core.plan_items([1], [0], [1], 24)
     assert _core.plan_items([], [], [], ALIGN) == {"peak": 0, "bound": 0, "offsets": [],
+                                                   "exhausted": False,
                                                    "seconds": pytest.approx(0, abs=1)}
+
+
+def test_a_plan_whose_budget_ran_out_says_so():
+    """With no budget the steps keep their time-order plans: the plan says the budget ran out
+    (a lower plan may exist), and the replay's line says it to the user; with the default
+    budget it does not."""
+    sizes, starts, ends = _stream(7, 200)
+    assert _core.plan_items(sizes, starts, ends, ALIGN, budget=0)["exhausted"] is True
+    assert _core.plan_items(sizes, starts, ends, ALIGN)["exhausted"] is False
+    rep = replay(read_rmm_csv(demo_trace_path()), ["gpumm"], min_capacity=False)
+    assert rep.planned is not None and not rep.planned.exhausted
+    assert "budget" not in planned_text(rep)
+    rep.planned.exhausted = True
+    assert "budget of work ran out" in planned_text(rep)
+    assert rep.planned.to_json()["exhausted"] is True
 
 
 @pytest.mark.parametrize("path", params(ALL))

@@ -100,6 +100,10 @@ def planned_line(pl: Any, g: Any = None) -> str:
     line = (f"no allocator can reserve less than {fs(pl.bound)} on this trace (its peak of live "
             f"bytes in 512-byte blocks); a plan made offline with every lifetime known reserves "
             f"{fs(pl.peak_reserved)} ({pl.ratio:.4f} × that bound)")
+    if pl.exhausted:
+        from gpumm.report import EXHAUSTED
+
+        line += f" ({EXHAUSTED})"
     if g is None:
         return line
     b = pl.bound or 1

@@ -89,6 +89,9 @@ class Planned:
     bound: int
     align: int
     seconds: float
+    #: the planner's budget of work ran out before the part of the trace that sets the peak
+    #: was placed greedily (it has the time-order plan only): a lower plan may exist
+    exhausted: bool = False
 
     @property
     def ratio(self) -> float:
@@ -96,10 +99,11 @@ class Planned:
         return self.peak_reserved / self.bound if self.bound else 1.0
 
     def to_json(self) -> Dict[str, Any]:
-        """``peak_reserved``, ``bound``, ``ratio`` (to the bound), ``align``, ``seconds``."""
+        """``peak_reserved``, ``bound``, ``ratio`` (to the bound), ``align``, ``seconds``,
+        ``exhausted``."""
         return {"peak_reserved": self.peak_reserved, "bound": self.bound,
                 "ratio": round(self.ratio, 6), "align": self.align,
-                "seconds": round(self.seconds, 4)}
+                "seconds": round(self.seconds, 4), "exhausted": self.exhausted}
 
 
 #: the planner's alignment: PyTorch's and gpumm's smallest block (512 bytes)
@@ -112,7 +116,7 @@ def plan_prepared(p: Prepared, align: int = PLAN_ALIGN) -> Planned:
     to the end. The core releases the GIL while it plans."""
     blocks = p.start
     raw = _core.plan_trace(p.actions, p.ids, p.sizes, p.streams, p.addrs, blocks, align=align)
-    return Planned(raw["peak"], raw["bound"], align, raw["seconds"])
+    return Planned(raw["peak"], raw["bound"], align, raw["seconds"], raw["exhausted"])
 
 
 @dataclass

@@ -102,9 +102,16 @@ def planned_text(report: Report) -> str:
             f"{format_size(pl.peak_reserved)}, {pl.ratio:.4f} × the bound "
             f"{format_size(pl.bound)} (the peak of live bytes in 512-byte blocks; no allocator "
             f"can reserve less)")
+    if pl.exhausted:
+        line += f"; {EXHAUSTED}"
     if g is not None and g.ran and pl.peak_reserved:
         line += f"; gpumm reserves {g.peak_reserved / pl.peak_reserved:.4f} × the plan"
     return line
+
+
+#: what a plan whose budget ran out is, in words (``Planned.exhausted``)
+EXHAUSTED = ("the planner's budget of work ran out before it placed the part of the trace "
+             "that sets this peak by its greedy orders, so a lower plan may exist")
 
 
 #: the page of gpumm's pool in a replay (CUDA's VMM granularity, ``cuMemGetAllocationGranularity``)

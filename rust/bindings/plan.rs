@@ -54,6 +54,7 @@ pub fn plan_items<'py>(
     let d = PyDict::new(py);
     d.set_item("peak", p.peak)?;
     d.set_item("bound", p.bound)?;
+    d.set_item("exhausted", p.exhausted)?;
     d.set_item("offsets", p.offsets)?;
     d.set_item("seconds", t0.elapsed().as_secs_f64())?;
     Ok(d)
@@ -89,6 +90,7 @@ pub fn plan_trace<'py>(
     let d = PyDict::new(py);
     d.set_item("peak", p.peak)?;
     d.set_item("bound", p.bound)?;
+    d.set_item("exhausted", p.exhausted)?;
     d.set_item("items", n)?;
     d.set_item("seconds", t0.elapsed().as_secs_f64())?;
     Ok(d)

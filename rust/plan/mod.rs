@@ -12,10 +12,11 @@
 //! 1. items live over the whole span of a group go at its bottom, one above the other (no
 //!    plan of the group does better than that), and what is left splits into groups that
 //!    share no instant (`split.rs`); each group is planned apart from the others;
-//! 2. each group is placed greedily in several orders (size classes in time order or longest
-//!    lived first, size, lifetime length, size × lifetime) with first fit and best fit
-//!    (`place.rs`), and once in time order by a best-fit free list that costs O(n log n)
-//!    whatever the overlaps (`sweep.rs`);
+//! 2. each group is placed once in time order by a best-fit free list that costs O(n log n)
+//!    whatever the overlaps (`sweep.rs`); then the group that sets the plan's peak is placed
+//!    greedily in several orders (size classes in time order or longest lived first, size,
+//!    lifetime length, size × lifetime) with first fit and best fit (`place.rs`), then the
+//!    group that sets it next, while the budget lasts (`search.rs`);
 //! 3. while a budget of work lasts and rounds lower the peak, the items that set the group's
 //!    peak move to the front of the best order and the group is placed again (a bounded
 //!    search on the items at the peak);
@@ -68,6 +69,9 @@ pub struct Plan {
     pub peak: u64,
     /// lower bound: the peak of live (aligned) bytes; no placement can beat it
     pub bound: u64,
+    /// the budget of work ran out before the group that sets the peak was placed greedily
+    /// (it has the time-order plan only): a lower plan may exist
+    pub exhausted: bool,
 }
 
 /// How much work the planner may do. The default plans 10^6 allocations in seconds.
@@ -101,6 +105,7 @@ pub fn plan(items: &[Item], align: u64) -> Plan {
         offsets: p.offsets.iter().map(|&o| sat(o)).collect(),
         peak: sat(p.peak),
         bound: sat(p.bound),
+        exhausted: p.exhausted,
     }
 }
 
@@ -124,6 +129,7 @@ pub fn try_plan(items: &[Item], align: u64, opts: &Options) -> Result<Plan> {
         offsets: p.offsets.iter().map(|&o| o as u64).collect(),
         peak: p.peak as u64,
         bound: sat(p.bound),
+        exhausted: p.exhausted,
     })
 }
 

@@ -37,6 +37,8 @@ pub struct Raw {
     pub offsets: Vec<u128>,
     pub peak: u128,
     pub bound: u128,
+    /// the group that sets the peak got no greedy placement: the budget ran out first
+    pub exhausted: bool,
 }
 
 pub fn plan_items(items: &[Item], align: u64, opts: &Options) -> Raw {
@@ -46,37 +48,149 @@ pub fn plan_items(items: &[Item], align: u64, opts: &Options) -> Raw {
     let root: Vec<u32> = (0..its.len() as u32)
         .filter(|&i| its[i as usize].size > 0)
         .collect();
-    let mut groups: Vec<(u64, Group)> = split(its, &mut offsets, root)
+    // every group gets the time-order plan first (O(n log n) each)
+    let mut groups: Vec<Planned> = split(its, &mut offsets, root)
         .into_iter()
-        .map(|g| (overlapping_pairs(its, &g.idx), g))
+        .map(|g| {
+            let local = localise(its, &g.idx);
+            let all: Vec<u32> = (0..local.len() as u32).collect();
+            let bound = live_peak(&local, &all);
+            let best = sweep(&local);
+            let cost = overlapping_pairs(its, &g.idx).saturating_add(local.len() as u64);
+            Planned {
+                g,
+                local,
+                bound,
+                best,
+                cost,
+                stage: Stage::Sweep,
+                greedy: None,
+                starved: false,
+            }
+        })
         .collect();
-    // the cheapest groups first, so that one huge group cannot starve the others of budget
-    groups.sort_by_key(|(pairs, g)| (*pairs, g.idx.first().copied()));
+    // the plan's peak is the highest group's, so the budget goes to the group that sets it:
+    // its first greedy order (the best on the corpus), then, if it still sets the peak, the
+    // other orders and the searches; then to the group that sets it next. It stops at a
+    // searched group (it cannot go lower) or at the highest of the groups' bounds (no
+    // group's plan takes the peak below that). A group that never sets the peak keeps its
+    // time-order plan.
+    let floor = groups.iter().map(|p| p.g.base + p.bound).max().unwrap_or(0);
     let mut budget = opts.budget;
     let mut search = opts.budget / SEARCH_SHARE;
-    for (pairs, g) in &groups {
-        let local = localise(its, &g.idx);
-        let p = solve(
-            &local,
-            pairs.saturating_add(local.len() as u64),
-            &mut budget,
-            &mut search,
-            opts.rounds,
-        );
-        for (k, &i) in g.idx.iter().enumerate() {
-            offsets[i as usize] = g.base + p.offsets[k];
+    while let Some(top) = groups
+        .iter_mut()
+        .max_by_key(|p| (p.g.base + p.best.peak, Reverse(p.cost)))
+    {
+        if top.g.base + top.best.peak <= floor {
+            break;
+        }
+        match top.stage {
+            Stage::Sweep => {
+                top.stage = Stage::First;
+                top.starved = budget < top.cost;
+                top.greedy = first_greedy(&top.local, top.cost, &mut budget);
+                if let Some((_, _, p)) = &top.greedy {
+                    if p.peak < top.best.peak {
+                        top.best = Placement {
+                            offsets: p.offsets.clone(),
+                            peak: p.peak,
+                        };
+                    }
+                }
+            }
+            Stage::First => {
+                top.stage = Stage::Searched;
+                let best = std::mem::replace(
+                    &mut top.best,
+                    Placement {
+                        offsets: Vec::new(),
+                        peak: 0,
+                    },
+                );
+                let ctx = Group1 {
+                    items: &top.local,
+                    bound: top.bound,
+                    cost: top.cost,
+                };
+                top.best = solve(
+                    ctx,
+                    best,
+                    top.greedy.take(),
+                    &mut budget,
+                    &mut search,
+                    opts.rounds,
+                );
+            }
+            Stage::Searched => break,
+        }
+    }
+    for p in &groups {
+        for (k, &i) in p.g.idx.iter().enumerate() {
+            offsets[i as usize] = p.g.base + p.best.offsets[k];
         }
     }
     let peak = its
         .iter()
         .zip(&offsets)
         .map(|(it, &o)| if it.size > 0 { o + it.size } else { 0 })
-        .max();
+        .max()
+        .unwrap_or(0);
+    let exhausted = groups
+        .iter()
+        .any(|p| p.starved && p.g.base + p.best.peak == peak);
     Raw {
         offsets,
-        peak: peak.unwrap_or(0),
+        peak,
         bound: norm.bound,
+        exhausted,
     }
+}
+
+/// One group, its items ranked again from 0, its bound, its best placement yet, what one
+/// greedy placement of it costs, and how far its planning has gone.
+struct Planned {
+    g: Group,
+    local: Vec<It>,
+    bound: u128,
+    best: Placement,
+    cost: u64,
+    stage: Stage,
+    /// the first greedy order's placement, for the search to go on from
+    greedy: Option<Greedy>,
+    /// its turn came when the budget could not pay for one greedy placement
+    starved: bool,
+}
+
+/// How far a group's planning has gone: the time-order plan, the first greedy order, the
+/// other orders and the searches.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Sweep,
+    First,
+    Searched,
+}
+
+/// A greedy placement and the order and fit that made it.
+type Greedy = (Vec<u32>, Fit, Placement);
+
+/// What [`solve`] needs of a group besides its placements.
+struct Group1<'a> {
+    items: &'a [It],
+    bound: u128,
+    cost: u64,
+}
+
+/// The first greedy order of a group (the best on the corpus), if the budget allows it.
+fn first_greedy(items: &[It], cost: u64, budget: &mut u64) -> Option<Greedy> {
+    if items.len() > MAX_GREEDY || *budget < cost || !fits_u64(items) {
+        return None;
+    }
+    let (order, fit) = orders(items).into_iter().next()?;
+    let mut work = 0;
+    let got = Placer::new(items).place(&order, fit, u128::MAX, &mut work);
+    *budget = budget.saturating_sub(work);
+    got.map(|p| (order, fit, p))
 }
 
 /// The items of a group with their instants ranked again from 0 (a small tree per group).
@@ -100,19 +214,25 @@ fn localise(its: &[It], idx: &[u32]) -> Vec<It> {
         .collect()
 }
 
-/// The best placement of one group found within the budget; `cost` is what one greedy
-/// placement of it costs at most, `search` what is left for the search under a target.
-fn solve(items: &[It], cost: u64, budget: &mut u64, search: &mut u64, rounds: u32) -> Placement {
-    let all: Vec<u32> = (0..items.len() as u32).collect();
-    let bound = live_peak(items, &all);
-    let mut best = sweep(items);
+/// The best placement of one group found within the budget, from its best placement yet
+/// `best` and its first greedy order's `greedy` (the other orders are tried after it);
+/// `search` is what is left for the search under a target.
+fn solve(
+    g: Group1,
+    mut best: Placement,
+    mut greedy: Option<Greedy>,
+    budget: &mut u64,
+    search: &mut u64,
+    rounds: u32,
+) -> Placement {
+    let Group1 { items, bound, cost } = g;
     if best.peak == bound || items.len() > MAX_GREEDY || *budget < cost || !fits_u64(items) {
         return best;
     }
     let mut placer = Placer::new(items);
-    let mut greedy: Option<(Vec<u32>, Fit, Placement)> = None;
-    for (order, fit) in orders(items) {
-        if *budget < cost {
+    let skip = usize::from(greedy.is_some());
+    for (order, fit) in orders(items).into_iter().skip(skip) {
+        if *budget < cost || greedy.as_ref().is_some_and(|g| g.2.peak == bound) {
             break;
         }
         let limit = greedy.as_ref().map_or(u128::MAX, |g| g.2.peak);
@@ -120,11 +240,7 @@ fn solve(items: &[It], cost: u64, budget: &mut u64, search: &mut u64, rounds: u3
         let got = placer.place(&order, fit, limit, &mut work);
         *budget = budget.saturating_sub(work);
         if let Some(p) = got {
-            let done = p.peak == bound;
             greedy = Some((order, fit, p));
-            if done {
-                break;
-            }
         }
     }
     let Some((mut order, fit, mut cur)) = greedy else {

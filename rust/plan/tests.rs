@@ -236,6 +236,63 @@ fn no_budget_still_gives_a_valid_plan() {
     check(&items, 1, &p);
 }
 
+/// One step of a trace whose time-order plan (7,168 B) is above its first greedy order's
+/// (6,144) and that above the bound (5,120): random case 276 of a search for such a group.
+fn step_above_its_greedy_plan(t0: u64) -> Vec<Item> {
+    [
+        (3, 1, 5),
+        (1, 4, 7),
+        (4, 6, 7),
+        (3, 4, 6),
+        (1, 5, 9),
+        (3, 2, 8),
+    ]
+    .iter()
+    .map(|&(k, s, e)| it(k * 512, t0 + s, t0 + e))
+    .collect()
+}
+
+/// What one greedy placement of `items` costs the budget: the pairs that overlap in time,
+/// plus one for each item.
+fn greedy_cost(items: &[Item]) -> u64 {
+    let pairs = (0..items.len())
+        .flat_map(|i| (i + 1..items.len()).map(move |j| (i, j)))
+        .filter(|&(i, j)| items[i].start < items[j].end && items[j].start < items[i].end)
+        .count();
+    (pairs + items.len()) as u64
+}
+
+#[test]
+fn the_budget_goes_to_the_step_that_sets_the_peak() {
+    // two steps that share no instant are planned apart; the plan's peak is the higher one's
+    let one = step_above_its_greedy_plan(0);
+    let cost = greedy_cost(&one);
+    let peak = |items: &[Item], budget: u64| {
+        let p = try_plan(items, 512, &Options { budget, rounds: 24 }).unwrap();
+        check(items, 512, &p);
+        (p.peak, p.exhausted)
+    };
+    let (sweep, greedy) = (peak(&one, 0).0, peak(&one, cost).0);
+    assert!(
+        sweep > greedy && greedy > plan(&one, 512).bound,
+        "{sweep} {greedy}"
+    );
+    let two: Vec<Item> = one
+        .iter()
+        .copied()
+        .chain(step_above_its_greedy_plan(10))
+        .collect();
+    // a budget of two placements: one for each step, not two orders for the first while the
+    // second keeps its time-order plan
+    assert_eq!(peak(&two, 2 * cost), (greedy, false));
+    // a budget of one: the second step sets the peak with its time-order plan, and says so
+    assert_eq!(peak(&two, cost), (sweep, true));
+    assert_eq!(
+        peak(&two, Options::default().budget),
+        (plan(&two, 512).bound, false)
+    );
+}
+
 #[test]
 fn items_live_throughout_go_at_the_bottom() {
     let items = [it(10, 0, 10), it(5, 0, 3), it(7, 3, 10), it(1, 0, 10)];
