@@ -348,3 +348,22 @@ def test_console_script_replay(tmp_path):
                         "--capacity", "1GiB", "--no-min-capacity"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "gpumm" in r.stdout and "caching" in r.stdout
+
+
+def test_the_searches_side_by_side_give_what_each_alone_gives():
+    """`replay` runs the smallest-capacity searches and the plan on threads after each model's
+    own replay: every figure is what `run_model` gives for that model alone, on a device
+    where some models fail (their search then goes past the device) and on one where none
+    does."""
+    from gpumm.replay import plan_prepared, recorded_options, run_model
+
+    t = read_rmm_csv(demo_trace_path())
+    p = prepare(t)
+    for cap in (4500 * MiB, 80 << 30):
+        rep = replay(t, capacity=cap)
+        assert set(rep.results) == set(ALLOCATORS)
+        for name, r in rep.results.items():
+            alone = run_model(name, p, cap, recorded_options(t, None))
+            assert (r.peak_reserved, len(r.ooms), r.min_capacity, r.error) == \
+                (alone.peak_reserved, len(alone.ooms), alone.min_capacity, alone.error), name
+        assert rep.planned.peak_reserved == plan_prepared(p).peak_reserved

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -37,7 +38,8 @@ from gpumm.units import SizeLike, parse_size
 
 __all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Planned", "Report", "prepare", "replay",
            "plan_prepared",
-           "read_devices", "replay_file", "devices_json", "run_model", "recorded_options"]
+           "read_devices", "replay_file", "devices_json", "run_model", "search_min_capacity",
+           "recorded_options"]
 
 #: Every allocator model, in report order.
 ALLOCATORS: Tuple[str, ...] = tuple(_core.ALLOCATORS)
@@ -264,23 +266,37 @@ def run_model(name: str, p: Prepared, cap: int, opts: Dict[str, Any],
     if name.startswith("caching") and raw["addressed_allocs"]:
         r.address_match = raw["address_matches"] / raw["addressed_allocs"]
     if min_capacity:
-        # A run that never failed mostly fits on a device of its own peak reserve (the caching
-        # models always: they ask the device for memory only to grow, so they make the same
-        # choices there), so the search runs up to that first, a few steps, and up to ``cap``
-        # only where the model does not fit there (a buddy arena's layout, and gpumm's pool
-        # under pressure, depend on the capacity).
-        search = functools.partial(_core.replay_min_capacity, name, *arrays, p.start,
-                                   peak_live=p.peak_live, step=step, options=opts)
-        try:
-            got = None
-            if not r.ooms and not raw.get("preload_failed") and 0 < r.peak_reserved < cap:
-                got = search(hi=r.peak_reserved)
-            r.min_capacity = got if got is not None else search(hi=cap)
-        except BaseException as e:  # noqa: B036 - re-raised unless the core failed
-            if not _core_failure(e):
-                raise
-            r.error = f"smallest-capacity search failed: {e}"
+        search_min_capacity(r, p, opts, step)
     return r
+
+
+def search_min_capacity(r: AllocatorResult, p: Prepared, opts: Dict[str, Any],
+                        step: Optional[int] = None) -> None:
+    """Sets ``r.min_capacity``: the smallest capacity, to ``step`` bytes, on which ``r``'s
+    allocator replays the prepared trace ``p`` with no out-of-memory failure (``r`` is its
+    replay at ``r.capacity``, from :func:`run_model`). A failure of the core is recorded in
+    ``r.error``. The core releases the GIL: threads search in parallel."""
+    if not r.ran:
+        return
+    raw = r.raw or {}
+    cap = r.capacity
+    # A run that never failed mostly fits on a device of its own peak reserve (the caching
+    # models always: they ask the device for memory only to grow, so they make the same
+    # choices there), so the search runs up to that first, a few steps, and up to ``cap``
+    # only where the model does not fit there (a buddy arena's layout, and gpumm's pool
+    # under pressure, depend on the capacity).
+    search = functools.partial(_core.replay_min_capacity, r.allocator, p.actions, p.ids,
+                               p.sizes, p.streams, p.addrs, p.start,
+                               peak_live=p.peak_live, step=step, options=opts)
+    try:
+        got = None
+        if not r.ooms and not raw.get("preload_failed") and 0 < r.peak_reserved < cap:
+            got = search(hi=r.peak_reserved)
+        r.min_capacity = got if got is not None else search(hi=cap)
+    except BaseException as e:  # noqa: B036 - re-raised unless the core failed
+        if not _core_failure(e):
+            raise
+        r.error = f"smallest-capacity search failed: {e}"
 
 
 def replay(
@@ -310,16 +326,27 @@ def replay(
     opts = recorded_options(trace, caching_options)
     t0 = time.perf_counter()
     results: Dict[str, AllocatorResult] = {}
+    # each model's replay alone, so that its events per second are its own; then the
+    # smallest-capacity searches and the plan side by side, one thread each (the core
+    # releases the GIL), which is most of the time on a large trace
     for name in names:
         if progress:
             progress(name)
-        results[name] = run_model(name, p, cap, opts, unit, min_capacity)
-    plan: Optional[Planned] = None
-    if planned:
+        results[name] = run_model(name, p, cap, opts, unit, min_capacity=False)
+
+    def plan_it() -> Optional[Planned]:
         try:
-            plan = plan_prepared(p)
+            return plan_prepared(p)
         except GpummError:
-            plan = None
+            return None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, len(names) + 1))) as ex:
+        plan_job = ex.submit(plan_it) if planned else None
+        searches = [ex.submit(search_min_capacity, r, p, opts, unit)
+                    for r in results.values()] if min_capacity else []
+        for job in searches:
+            job.result()
+        plan = plan_job.result() if plan_job else None
     return Report(
         source=trace.source,
         format=trace.format,
