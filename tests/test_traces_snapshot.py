@@ -186,6 +186,48 @@ def test_profiler_json(tmp_path):
         read_profiler_json(p)
 
 
+def _memory_event(addr, nbytes, ts, dtype, did):
+    return {"ph": "i", "name": "[memory]", "ts": ts, "pid": 1, "tid": 1,
+            "args": {"Addr": addr, "Bytes": nbytes, "Total Allocated": 0, "Total Reserved": 0,
+                     "Device Type": dtype, "Device Id": did}}
+
+
+def test_a_gpu_profile_reads_every_cuda_device_not_the_cpu(tmp_path, capsys):
+    """A GPU job's profile has the CPU's allocations beside each GPU's, often more of them:
+    the CUDA devices are read, each a trace of its own (it read the type with the most
+    events, here the CPU's, and of it device 0 only)."""
+    from gpumm.cli import main
+    from gpumm.traces import read_traces
+
+    cpu = [_memory_event(0x10 * (i + 1), 64, float(i), 0, -1) for i in range(20)]
+    gpu = [_memory_event(0x1000, 4096, 1.0, 1, 0), _memory_event(0x1000, -4096, 5.0, 1, 0),
+           _memory_event(0x8000, 8192, 2.0, 1, 1), _memory_event(0x9000, 512, 3.0, 1, 1)]
+    p = tmp_path / "gpu.pt.trace.json.gz"
+    p.write_bytes(gzip.compress(json.dumps({"traceEvents": cpu + gpu}).encode()))
+    ts = read_traces(p)
+    assert [(t.device, t.num_allocs, t.peak_live()) for t in ts] == [(0, 1, 4096), (1, 2, 8704)]
+    assert read_trace(p).device == 0 and read_trace(p, device=1).num_allocs == 2
+    with pytest.raises(TraceFormatError, match="no memory event of device 3; it has devices 0, 1"):
+        read_trace(p, device=3)
+    assert read_profiler_json(p, device_type=0).num_allocs == 20
+    assert main(["replay", str(p), "--no-min-capacity", "--no-plan", "--json", "-"]) == 0
+    assert [d["device"] for d in json.loads(capsys.readouterr().out)["devices"]] == [0, 1]
+
+
+def test_a_cpu_profile_reads_its_memory_events(tmp_path):
+    """The CPU's memory events carry ``Device Id`` -1: a CPU-only profile is read as device
+    0 (it read as empty, and the replay said "profile with profile_memory=True")."""
+    from gpumm.traces import read_traces
+
+    p = tmp_path / "cpu.json"
+    p.write_text(json.dumps({"traceEvents": [
+        _memory_event(0x10, 1024, 1.0, 0, -1), _memory_event(0x20, 2048, 2.0, 0, -1),
+        _memory_event(0x10, -1024, 3.0, 0, -1)]}))
+    (t,) = read_traces(p)
+    assert (t.device, t.num_allocs, t.peak_live()) == (0, 2, 3072)
+    assert read_trace(p, device=0).num_allocs == 2
+
+
 def test_rmm_writer_round_trip(tmp_path):
     src = tmp_path / "a.csv"
     src.write_text("Thread,Time,Action,Pointer,Size,Stream\n"

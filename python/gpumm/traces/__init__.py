@@ -3,7 +3,8 @@
 - RMM log CSV (:func:`read_rmm_csv`, :func:`write_rmm_csv`), plain or gzip;
 - PyTorch memory snapshots (:func:`read_snapshot`), loaded by a pickle reader of plain data
   that refuses every global and call, and :func:`write_snapshot` of a gpumm pool in PyTorch's layout;
-- torch.profiler Chrome-trace JSON (:func:`read_profiler_json`);
+- torch.profiler Chrome-trace JSON (:func:`read_profiler_json`, every device:
+  :func:`read_profiler_devices`);
 - :func:`read_trace` picks the reader from the file;
 - :func:`replay_pool` / :func:`min_capacity` for one gpumm pool (the full comparison is
   :mod:`gpumm.replay`).
@@ -15,7 +16,7 @@ from typing import List, Optional, Union
 from gpumm.errors import TraceFormatError
 from gpumm.traces.base import ACTIONS, Event, StartState, Trace
 from gpumm.traces.pool_replay import PoolReplay, min_capacity, replay_pool
-from gpumm.traces.profiler import read_profiler_json
+from gpumm.traces.profiler import read_profiler_devices, read_profiler_json
 from gpumm.traces.rmm import read_rmm_csv, write_rmm_csv
 from gpumm.traces.snapshot import (first_device, load_snapshot, read_snapshot, read_snapshot_devices,
                                    snapshot_devices, write_snapshot)
@@ -35,6 +36,7 @@ __all__ = [
     "load_snapshot",
     "write_snapshot",
     "read_profiler_json",
+    "read_profiler_devices",
     "PoolReplay",
     "replay_pool",
     "min_capacity",
@@ -43,27 +45,31 @@ __all__ = [
 
 def read_traces(path: Union[str, "os.PathLike[str]"]) -> List[Trace]:
     """Every device's trace in the file: one per device of a snapshot (a recorded
-    out-of-memory failure's device first), one for an RMM log or a profiler trace."""
+    out-of-memory failure's device first) or of a profiler trace (its CUDA devices, else the
+    CPU), one for an RMM log."""
     name = os.fspath(path)
-    if _format(name) == "snapshot":
+    fmt = _format(name)
+    if fmt == "snapshot":
         return read_snapshot_devices(name)
+    if fmt == "profiler":
+        return read_profiler_devices(name)
     return [read_trace(name)]
 
 
 def read_trace(path: Union[str, "os.PathLike[str]"], device: Optional[int] = None) -> Trace:
     """Reads an RMM CSV, a PyTorch snapshot pickle or a profiler JSON, by its first bytes.
-    ``device``: which device of a snapshot (default: the first of :func:`read_traces`'s
-    order, so the device of a recorded out-of-memory failure)."""
+    ``device``: which device of a snapshot or a profiler trace (default: the first of
+    :func:`read_traces`'s order, so the device of a recorded out-of-memory failure)."""
     name = os.fspath(path)
     fmt = _format(name)
     if fmt == "snapshot":
         if device is None:
             return first_device(name)
         return read_snapshot(name, device)
+    if fmt == "profiler":
+        return read_profiler_json(name, device_id=device)
     if device not in (None, 0):
         raise TraceFormatError(f"{name}: a {fmt} trace has one device (0), not {device}")
-    if fmt == "profiler":
-        return read_profiler_json(name)
     return read_rmm_csv(name)
 
 
