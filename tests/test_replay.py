@@ -367,3 +367,18 @@ def test_the_searches_side_by_side_give_what_each_alone_gives():
             assert (r.peak_reserved, len(r.ooms), r.min_capacity, r.error) == \
                 (alone.peak_reserved, len(alone.ooms), alone.min_capacity, alone.error), name
         assert rep.planned.peak_reserved == plan_prepared(p).peak_reserved
+
+
+def test_progress_names_each_replay_then_the_searches():
+    """The progress callback hears of each model's replay, then once of the searches and the
+    plan that run side by side (what `gpumm replay`'s bar shows), and not of them where
+    there are none."""
+    from gpumm.replay import SEARCHES
+
+    t = read_rmm_csv(demo_trace_path())
+    heard = []
+    replay(t, ["gpumm", "caching"], progress=heard.append)
+    assert heard == ["gpumm", "caching", SEARCHES]
+    heard.clear()
+    replay(t, ["gpumm"], progress=heard.append, min_capacity=False, planned=False)
+    assert heard == ["gpumm"]

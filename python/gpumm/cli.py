@@ -268,7 +268,7 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
     from rich.progress import Progress
 
     from gpumm.report import explain_ooms, html_report, recorded_oom_lines, table
-    from gpumm.replay import ALLOCATORS, devices_json, read_devices, replay
+    from gpumm.replay import ALLOCATORS, SEARCHES, devices_json, read_devices, replay
     from gpumm.tune import options_from_conf
 
     traces = read_devices(args.trace, args.gpu)
@@ -278,12 +278,15 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
     events = sum(len(t.events) for t in traces)
     reports = []
     with Progress(transient=True, disable=quiet or events < 50_000, console=out) as bar:
-        task = bar.add_task("replaying", total=len(names) * len(traces))
+        # each model's replay, then its smallest capacity and the plan side by side
+        per_device = len(names) + (0 if args.no_min_capacity and args.no_plan else 1)
+        task = bar.add_task("replaying", total=per_device * len(traces))
         for t in traces:
             where = f"device {t.device}: " if len(traces) > 1 else ""
 
             def step(name: str, where: str = where) -> None:
-                bar.update(task, advance=1, description=f"{where}replaying through {name}")
+                what = name if name == SEARCHES else f"replaying through {name}"
+                bar.update(task, advance=1, description=f"{where}{what}")
 
             reports.append(replay(t, names, capacity=args.capacity, device=args.device,
                                   min_capacity=not args.no_min_capacity, progress=step,

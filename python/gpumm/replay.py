@@ -39,7 +39,7 @@ from gpumm.units import SizeLike, parse_size
 __all__ = ["ALLOCATORS", "Prepared", "AllocatorResult", "Planned", "Report", "prepare", "replay",
            "plan_prepared",
            "read_devices", "replay_file", "devices_json", "run_model", "search_min_capacity",
-           "recorded_options"]
+           "recorded_options", "SEARCHES"]
 
 #: Every allocator model, in report order.
 ALLOCATORS: Tuple[str, ...] = tuple(_core.ALLOCATORS)
@@ -299,6 +299,10 @@ def search_min_capacity(r: AllocatorResult, p: Prepared, opts: Dict[str, Any],
         r.error = f"smallest-capacity search failed: {e}"
 
 
+#: what :func:`replay` passes its ``progress`` callback before the searches and the plan
+SEARCHES = "the smallest capacities and the plan"
+
+
 def replay(
     trace: Trace,
     allocators: Sequence[str] = ALLOCATORS,
@@ -313,7 +317,9 @@ def replay(
     """Replays ``trace`` through each allocator at ``capacity`` (default: ``device``'s), and
     finds each one's smallest capacity with no out-of-memory failure, to ``step`` (default:
     1 % of the trace's peak live bytes or 2 MiB, whichever is larger, in whole 2 MiB pages);
-    ``planned``: plan the trace offline too (:attr:`Report.planned`)."""
+    ``planned``: plan the trace offline too (:attr:`Report.planned`). ``progress(what)`` is
+    called before each allocator's replay (``what``: its name) and, where there are searches
+    or a plan, once more before them (``what``: :data:`SEARCHES`)."""
     names = list(allocators)
     unknown = [n for n in names if n not in ALLOCATORS]
     if unknown:
@@ -340,6 +346,8 @@ def replay(
         except GpummError:
             return None
 
+    if progress and (planned or min_capacity):
+        progress(SEARCHES)
     with ThreadPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, len(names) + 1))) as ex:
         plan_job = ex.submit(plan_it) if planned else None
         searches = [ex.submit(search_min_capacity, r, p, opts, unit)
