@@ -6,7 +6,7 @@ use super::Item;
 
 /// An item, normalised: `size` a multiple of the alignment, lifetime `[s, e)` in ranks with
 /// `s < e`. Two items overlap in time iff `a.s < b.e && b.s < a.e`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct It {
     pub size: u128,
     pub s: u32,

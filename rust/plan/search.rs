@@ -11,6 +11,9 @@
 //! budget, that stops at the bound or after [`PATIENCE`] rounds without a lower peak.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 
 use super::bound::{live_peak, overlapping_pairs, It, Norm};
 use super::place::{fits_u64, Fit, Placement, Placer};
@@ -48,27 +51,43 @@ pub fn plan_items(items: &[Item], align: u64, opts: &Options) -> Raw {
     let root: Vec<u32> = (0..its.len() as u32)
         .filter(|&i| its[i as usize].size > 0)
         .collect();
-    // every group gets the time-order plan first (O(n log n) each)
-    let mut groups: Vec<Planned> = split(its, &mut offsets, root)
-        .into_iter()
-        .map(|g| {
-            let local = localise(its, &g.idx);
-            let all: Vec<u32> = (0..local.len() as u32).collect();
-            let bound = live_peak(&local, &all);
-            let best = sweep(&local);
-            let cost = overlapping_pairs(its, &g.idx).saturating_add(local.len() as u64);
-            Planned {
-                g,
-                local,
-                bound,
-                best,
-                cost,
-                stage: Stage::Sweep,
-                greedy: None,
-                starved: false,
-            }
-        })
-        .collect();
+    // every group gets the time-order plan first (O(n log n) each); a group the same as one
+    // before it (a training step repeated with the same tensors: the same sizes and
+    // lifetimes, ranked from its start, over the same base) is planned once, as that one
+    let mut groups: Vec<Planned> = Vec::new();
+    let mut twins: Vec<(Group, usize)> = Vec::new();
+    let mut seen: HashMap<u64, Vec<usize>> = HashMap::new();
+    for g in split(its, &mut offsets, root) {
+        let local = localise(its, &g.idx);
+        let key = {
+            let mut h = DefaultHasher::new();
+            (g.base, &local).hash(&mut h);
+            h.finish()
+        };
+        let same = seen.entry(key).or_default();
+        if let Some(&k) = same
+            .iter()
+            .find(|&&k| groups[k].g.base == g.base && groups[k].local == local)
+        {
+            twins.push((g, k));
+            continue;
+        }
+        same.push(groups.len());
+        let all: Vec<u32> = (0..local.len() as u32).collect();
+        let bound = live_peak(&local, &all);
+        let best = sweep(&local);
+        let cost = overlapping_pairs(its, &g.idx).saturating_add(local.len() as u64);
+        groups.push(Planned {
+            g,
+            local,
+            bound,
+            best,
+            cost,
+            stage: Stage::Sweep,
+            greedy: None,
+            starved: false,
+        });
+    }
     // the plan's peak is the highest group's, so the budget goes to the group that sets it:
     // its first greedy order (the best on the corpus), then, if it still sets the peak, the
     // other orders and the searches; then to the group that sets it next. It stops at a
@@ -125,9 +144,13 @@ pub fn plan_items(items: &[Item], align: u64, opts: &Options) -> Raw {
             Stage::Searched => break,
         }
     }
-    for p in &groups {
-        for (k, &i) in p.g.idx.iter().enumerate() {
-            offsets[i as usize] = p.g.base + p.best.offsets[k];
+    let placed = groups
+        .iter()
+        .map(|p| (&p.g, &p.best))
+        .chain(twins.iter().map(|(g, k)| (g, &groups[*k].best)));
+    for (g, best) in placed {
+        for (k, &i) in g.idx.iter().enumerate() {
+            offsets[i as usize] = g.base + best.offsets[k];
         }
     }
     let peak = its

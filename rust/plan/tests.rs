@@ -236,9 +236,11 @@ fn no_budget_still_gives_a_valid_plan() {
     check(&items, 1, &p);
 }
 
-/// One step of a trace whose time-order plan (7,168 B) is above its first greedy order's
-/// (6,144) and that above the bound (5,120): random case 276 of a search for such a group.
-fn step_above_its_greedy_plan(t0: u64) -> Vec<Item> {
+/// One step of a trace whose time-order plan is above its first greedy order's and that
+/// above the bound: its tensors' sizes are (k + `more`) × 512 B. With `more` 0 (random case
+/// 276 of a search for such a group) the plans reach 7,168, 6,144 and 5,120 B, with 1 9,728,
+/// 7,680 and 7,168.
+fn step_above_its_greedy_plan(t0: u64, more: u64) -> Vec<Item> {
     [
         (3, 1, 5),
         (1, 4, 7),
@@ -248,7 +250,7 @@ fn step_above_its_greedy_plan(t0: u64) -> Vec<Item> {
         (3, 2, 8),
     ]
     .iter()
-    .map(|&(k, s, e)| it(k * 512, t0 + s, t0 + e))
+    .map(|&(k, s, e)| it((k + more) * 512, t0 + s, t0 + e))
     .collect()
 }
 
@@ -265,32 +267,63 @@ fn greedy_cost(items: &[Item]) -> u64 {
 #[test]
 fn the_budget_goes_to_the_step_that_sets_the_peak() {
     // two steps that share no instant are planned apart; the plan's peak is the higher one's
-    let one = step_above_its_greedy_plan(0);
-    let cost = greedy_cost(&one);
+    let (a, b) = (
+        step_above_its_greedy_plan(0, 0),
+        step_above_its_greedy_plan(10, 1),
+    );
+    let cost = greedy_cost(&a); // b's too: the same lifetimes
     let peak = |items: &[Item], budget: u64| {
         let p = try_plan(items, 512, &Options { budget, rounds: 24 }).unwrap();
         check(items, 512, &p);
         (p.peak, p.exhausted)
     };
-    let (sweep, greedy) = (peak(&one, 0).0, peak(&one, cost).0);
-    assert!(
-        sweep > greedy && greedy > plan(&one, 512).bound,
-        "{sweep} {greedy}"
-    );
-    let two: Vec<Item> = one
-        .iter()
-        .copied()
-        .chain(step_above_its_greedy_plan(10))
-        .collect();
-    // a budget of two placements: one for each step, not two orders for the first while the
-    // second keeps its time-order plan
-    assert_eq!(peak(&two, 2 * cost), (greedy, false));
-    // a budget of one: the second step sets the peak with its time-order plan, and says so
-    assert_eq!(peak(&two, cost), (sweep, true));
+    let (sweep_b, greedy_b) = (peak(&b, 0).0, peak(&b, cost).0);
+    assert!(sweep_b > greedy_b && greedy_b > peak(&a, 0).0);
+    let two: Vec<Item> = a.iter().chain(&b).copied().collect();
+    // one placement's budget goes to b, which sets the peak, not to a, the first and as cheap
+    assert_eq!(peak(&two, cost), (greedy_b, false));
+    // none: b keeps its time-order plan, and the plan says the budget ran out
+    assert_eq!(peak(&two, cost - 1), (sweep_b, true));
     assert_eq!(
         peak(&two, Options::default().budget),
         (plan(&two, 512).bound, false)
     );
+}
+
+#[test]
+fn a_step_repeated_with_the_same_tensors_is_planned_once() {
+    // forty steps alike: one greedy placement's budget plans them all, where each planned
+    // apart would leave thirty-nine at their time-order plans
+    let one = step_above_its_greedy_plan(0, 0);
+    let cost = greedy_cost(&one);
+    let steps: Vec<Item> = (0..40)
+        .flat_map(|k| step_above_its_greedy_plan(10 * k, 0))
+        .collect();
+    let opts = Options {
+        budget: cost + cost / 2,
+        rounds: 24,
+    };
+    let p = try_plan(&steps, 512, &opts).unwrap();
+    check(&steps, 512, &p);
+    let alone = try_plan(&one, 512, &opts).unwrap();
+    assert_eq!((p.peak, p.exhausted), (alone.peak, false));
+    assert!(
+        alone.peak
+            < try_plan(
+                &one,
+                512,
+                &Options {
+                    budget: 0,
+                    rounds: 0
+                }
+            )
+            .unwrap()
+            .peak
+    );
+    // each step at the offsets of the first
+    for (k, chunk) in p.offsets.chunks(one.len()).enumerate() {
+        assert_eq!(chunk, &p.offsets[..one.len()], "step {k}");
+    }
 }
 
 #[test]
