@@ -405,6 +405,46 @@ def t5_sample_generate() -> Step:
     return step
 
 
+def vit_mae_pretrain() -> Step:
+    """Masked-autoencoder pretraining (each step masks a new random 75 % of the patches, so
+    the encoder sees a gathered subset and the decoder restores the full sequence):
+    transformers' ViTMAE with a shrunk configuration (6 encoder layers of hidden 384, 6
+    heads; a 4-layer decoder of 256), batch 16 of 224 x 224 images, AdamW."""
+    import torch
+    from transformers import ViTMAEConfig, ViTMAEForPreTraining
+
+    torch.manual_seed(0)
+    model = ViTMAEForPreTraining(ViTMAEConfig(
+        hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536,
+        decoder_hidden_size=256, decoder_num_hidden_layers=4, decoder_num_attention_heads=8,
+        decoder_intermediate_size=1024))
+    pixels = torch.randn(16, 3, 224, 224)
+    return adamw_step(model, lambda: model(pixel_values=pixels).loss)
+
+
+def whisper_generate() -> Step:
+    """Speech-to-text decoding (an encoder pass over the audio, then token by token with a
+    self-attention cache beside the cross-attention one): transformers' Whisper with a
+    shrunk configuration (4 + 4 layers, d_model 384, 6 heads, vocabulary 51,865), batch 2
+    of 30 s of log-mel features, 48 new tokens greedy."""
+    import torch
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(WhisperConfig(
+        d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6,
+        decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536)).eval()
+    features = torch.randn(2, 80, 3000)
+
+    def step() -> None:
+        with torch.no_grad():
+            out = model.generate(input_features=features, max_new_tokens=48, min_new_tokens=48,
+                                 do_sample=False)
+        assert out.shape[0] == 2, out.shape
+
+    return step
+
+
 #: In the order they were recorded: the first four after the size cache stopped changing
 #: placements (docs/reserve.md, "Held-out workloads"), the next five after the policy of
 #: issue 27's first rounds, the last four after the heap page ends rule.
@@ -437,4 +477,8 @@ HELD_OUT: List[Workload] = [
              "24-96 + 64 tokens", llama_static_decode, 1, 1),
     Workload("t5_sample_generate", "T5-small, nucleus-sampled generate, 4 x 256 + 48 tokens",
              t5_sample_generate, 1, 1),
+    Workload("vit_mae_pretrain", "ViTMAE (small), 75 % of patches masked anew each step, AdamW",
+             vit_mae_pretrain, 1, 2),
+    Workload("whisper_generate", "Whisper (small), greedy generate, 2 x 30 s + 48 tokens",
+             whisper_generate, 1, 1),
 ]
