@@ -49,6 +49,7 @@ pub fn fits_u64(items: &[It]) -> bool {
 
 /// One placement: the offsets of the group's items (by their index in the group) and the
 /// highest address they reach.
+#[derive(Default)]
 pub struct Placement {
     pub offsets: Vec<u128>,
     pub peak: u128,

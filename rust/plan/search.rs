@@ -120,13 +120,7 @@ pub fn plan_items(items: &[Item], align: u64, opts: &Options) -> Raw {
             }
             Stage::First => {
                 top.stage = Stage::Searched;
-                let best = std::mem::replace(
-                    &mut top.best,
-                    Placement {
-                        offsets: Vec::new(),
-                        peak: 0,
-                    },
-                );
+                let best = std::mem::take(&mut top.best);
                 let ctx = Group1 {
                     items: &top.local,
                     bound: top.bound,
@@ -209,7 +203,7 @@ fn first_greedy(items: &[It], cost: u64, budget: &mut u64) -> Option<Greedy> {
     if items.len() > MAX_GREEDY || *budget < cost || !fits_u64(items) {
         return None;
     }
-    let (order, fit) = orders(items).into_iter().next()?;
+    let (order, fit) = order(items, 0)?;
     let mut work = 0;
     let got = Placer::new(items).place(&order, fit, u128::MAX, &mut work);
     *budget = budget.saturating_sub(work);
@@ -253,11 +247,13 @@ fn solve(
         return best;
     }
     let mut placer = Placer::new(items);
-    let skip = usize::from(greedy.is_some());
-    for (order, fit) in orders(items).into_iter().skip(skip) {
+    for k in usize::from(greedy.is_some())..ORDERS {
         if *budget < cost || greedy.as_ref().is_some_and(|g| g.2.peak == bound) {
             break;
         }
+        let Some((order, fit)) = order(items, k) else {
+            break;
+        };
         let limit = greedy.as_ref().map_or(u128::MAX, |g| g.2.peak);
         let mut work = 0;
         let got = placer.place(&order, fit, limit, &mut work);
@@ -315,36 +311,43 @@ fn promote(items: &[It], order: &[u32], p: &Placement) -> Vec<u32> {
     keyed.into_iter().map(|(_, x)| x).collect()
 }
 
-/// The greedy orders, each with its fit, best first on the corpus.
-fn orders(items: &[It]) -> Vec<(Vec<u32>, Fit)> {
+/// How many greedy orders [`order`] has.
+const ORDERS: usize = 8;
+
+/// The `k`-th greedy order with its fit (None past the last), best first on the corpus, so
+/// that a placement of a later order stops as soon as it is worse than the best yet; each
+/// is sorted only when asked for.
+fn order(items: &[It], k: usize) -> Option<(Vec<u32>, Fit)> {
     fn by<K: Ord>(items: &[It], key: impl Fn(&It) -> K) -> Vec<u32> {
         let mut o: Vec<u32> = (0..items.len() as u32).collect();
         o.sort_by_key(|&i| (key(&items[i as usize]), i));
         o
     }
     let len = |it: &It| (it.e - it.s) as u128;
-    let size = by(items, |it| (Reverse(it.size), Reverse(len(it)), it.s));
-    let life = by(items, |it| (Reverse(len(it)), Reverse(it.size), it.s));
-    let area = by(items, |it| {
-        (Reverse(it.size * len(it)), Reverse(it.size), it.s)
-    });
     // size classes, largest first: within a class in time order (classes of 2x, 4x and 64x)
     // or longest-lived first (2x); what packs the decode traces' many small allocations
     let octave = |it: &It| 128 - it.size.leading_zeros();
-    let class = by(items, |it| (Reverse(octave(it)), it.s));
-    let class4 = by(items, |it| (Reverse(octave(it) / 2), it.s));
-    let class64 = by(items, |it| (Reverse(octave(it) / 6), it.s));
-    let class_life = by(items, |it| (Reverse(octave(it)), Reverse(len(it)), it.s));
-    // the orders best on the corpus first, so that a placement of a later order stops as
-    // soon as it is worse than the best yet
-    vec![
-        (class4, Fit::First),
-        (class, Fit::First),
-        (class_life, Fit::First),
-        (class64, Fit::First),
-        (size.clone(), Fit::First),
-        (size, Fit::Best),
-        (life, Fit::First),
-        (area, Fit::First),
-    ]
+    let size = |it: &It| (Reverse(it.size), Reverse(len(it)), it.s);
+    Some(match k {
+        0 => (by(items, |it| (Reverse(octave(it) / 2), it.s)), Fit::First),
+        1 => (by(items, |it| (Reverse(octave(it)), it.s)), Fit::First),
+        2 => (
+            by(items, |it| (Reverse(octave(it)), Reverse(len(it)), it.s)),
+            Fit::First,
+        ),
+        3 => (by(items, |it| (Reverse(octave(it) / 6), it.s)), Fit::First),
+        4 => (by(items, size), Fit::First),
+        5 => (by(items, size), Fit::Best),
+        6 => (
+            by(items, |it| (Reverse(len(it)), Reverse(it.size), it.s)),
+            Fit::First,
+        ),
+        7 => (
+            by(items, |it| {
+                (Reverse(it.size * len(it)), Reverse(it.size), it.s)
+            }),
+            Fit::First,
+        ),
+        _ => return None,
+    })
 }
