@@ -137,12 +137,26 @@ def state_at_oom(t: Trace, oom: Dict[str, Any]) -> OomState:
         holders=holders(live, 5))
 
 
-def candidate_fixes(t: Trace) -> List[Tuple[str, str, Dict[str, Any]]]:
-    """(label, model, options) of the candidate fixes that differ from the recorded setting."""
-    from gpumm.tune import DEFAULTS, alloc_conf_text
+def _recorded_setting(t: Trace) -> Dict[str, Any]:
+    """The caching options the trace ran with: PyTorch's defaults, then its recorded ones."""
+    from gpumm.tune import DEFAULTS
 
     rec = dict(DEFAULTS)
     rec.update(recorded_options(t, None))
+    return rec
+
+
+def _setting_label(opts: Dict[str, Any]) -> str:
+    """Caching options as the user would set them."""
+    from gpumm.tune import alloc_conf_text
+
+    conf = alloc_conf_text(opts)
+    return f"PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else "PyTorch's defaults"
+
+
+def candidate_fixes(t: Trace) -> List[Tuple[str, str, Dict[str, Any]]]:
+    """(label, model, options) of the candidate fixes that differ from the recorded setting."""
+    rec = _recorded_setting(t)
     tries: List[Dict[str, Any]] = [dict(rec, expandable_segments=not rec["expandable_segments"])]
     if not rec["expandable_segments"]:
         tries += [dict(rec, max_split_size=512 << 20), dict(rec, max_split_size=128 << 20)]
@@ -151,9 +165,7 @@ def candidate_fixes(t: Trace) -> List[Tuple[str, str, Dict[str, Any]]]:
     out = []
     for o in tries:
         if o != rec:
-            conf = alloc_conf_text(o)
-            label = f"PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else "PyTorch's defaults"
-            out.append((label, "caching", o))
+            out.append((_setting_label(o), "caching", o))
     out.append(("gpumm's pool", "gpumm", {}))
     return out
 
@@ -200,19 +212,14 @@ def explain_recorded_oom(t: Trace, oom: Dict[str, Any],
     return out
 
 
-
 def explain_replayed_oom(t: Trace, caching: Any, cap: int) -> List[Finding]:
     """Findings for a trace whose replay through the caching model with the recorded settings
     (``caching``, its allocator result) fails on a ``cap``-byte device: how many requests
     fail and what it needs, then each candidate fix replayed over the whole trace on that
     device, and whether it serves every request."""
     from gpumm.replay import run_model
-    from gpumm.tune import DEFAULTS, alloc_conf_text
 
-    rec = dict(DEFAULTS)
-    rec.update(recorded_options(t, None))
-    conf = alloc_conf_text(rec)
-    setting = f"PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else "PyTorch's defaults"
+    setting = _setting_label(_recorded_setting(t))
     first = caching.ooms[0]
     p = prepare(t)
     # its smallest capacity is above this device: search up to a device that holds it
