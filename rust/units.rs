@@ -2,7 +2,9 @@
 //!
 //! Binary suffixes (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (kB/KB, MB, GB, TB)
 //! powers of 1000, as hardware vendors quote capacities. `K`, `M`, `G`, `T` alone are binary,
-//! as in most ML tooling (`PYTORCH_CUDA_ALLOC_CONF`). The result must be a whole number of bytes.
+//! as in most ML tooling (`PYTORCH_CUDA_ALLOC_CONF`). A fraction of a unit is rounded to the
+//! nearest byte (`"3.12GiB"`, as people read a capacity off `nvidia-smi`); a count written in
+//! bytes must be whole (`"1.5B"` is an error).
 
 #![deny(unsafe_code)]
 
@@ -56,18 +58,18 @@ pub fn parse_size(text: &str) -> Result<u64> {
     if frac_part.is_empty() {
         return Ok(whole);
     }
-    // The fraction, exactly: frac / 10^digits * mult must be a whole number of bytes.
     if frac_part.len() > 18 {
         return Err(bad("too many decimals"));
     }
     let frac: u128 = frac_part.parse().map_err(|_| bad("malformed number"))?;
     let denom = 10u128.pow(frac_part.len() as u32);
     let scaled = frac * mult as u128;
-    if scaled % denom != 0 {
+    if mult == 1 && scaled % denom != 0 {
         return Err(bad("not a whole number of bytes"));
     }
+    // frac / 10^digits of a unit, to the nearest byte (a half rounds up).
     whole
-        .checked_add((scaled / denom) as u64)
+        .checked_add(((scaled + denom / 2) / denom) as u64)
         .ok_or_else(|| bad("number too large"))
 }
 
@@ -102,6 +104,17 @@ mod tests {
         assert_eq!(parse_size("8G").unwrap(), 8 << 30);
         assert_eq!(parse_size("1.5KiB").unwrap(), 1536);
         assert_eq!(parse_size("1_024").unwrap(), 1024);
+    }
+
+    #[test]
+    fn a_fraction_of_a_unit_is_rounded_to_the_nearest_byte() {
+        // 3.12 GiB = 3,350,074,490.88 B; 0.1 KiB = 102.4 B; 0.0005 KiB = 0.512 B.
+        assert_eq!(parse_size("3.12GiB").unwrap(), 3_350_074_491);
+        assert_eq!(parse_size("0.1KiB").unwrap(), 102);
+        assert_eq!(parse_size("0.0005KiB").unwrap(), 1);
+        assert_eq!(parse_size("79.6 GB").unwrap(), 79_600_000_000);
+        assert_eq!(parse_size("1.5B").ok(), None);
+        assert_eq!(parse_size("2.0").unwrap(), 2);
     }
 
     #[test]

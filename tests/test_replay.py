@@ -220,6 +220,18 @@ def test_cli_goes_on_after_a_model_fails(tmp_path, monkeypatch, capsys):
     assert "the gpumm model failed on this trace" in out and "peak live" in out
 
 
+def test_a_capacity_with_decimals_is_read_to_the_nearest_byte(tmp_path, capsys):
+    """A capacity read off nvidia-smi or a spec sheet ("3.12GiB", "79.6GB") is taken to the
+    nearest byte, not refused as a fraction of a byte; a fraction of a byte still is."""
+    path = str(small_trace(tmp_path))
+    assert main(["replay", path, "--capacity", "0.75GiB", "--no-min-capacity", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["capacity"] == 805_306_368
+    assert main(["doctor", path, "--capacity", "0.01GiB"]) == 0  # 10.24 MiB: some fail
+    assert "on a device of 10.24 MiB" in " ".join(capsys.readouterr().out.split())
+    assert main(["replay", path, "--capacity", "1000000.5B"]) == 2
+    assert "not a whole number of bytes" in capsys.readouterr().err
+
+
 def test_unknown_allocator():
     with pytest.raises(InvalidArgumentError, match="unknown allocator 'tcmalloc'"):
         replay(read_rmm_csv(demo_trace_path()), ["tcmalloc"])
