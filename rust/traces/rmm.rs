@@ -5,8 +5,10 @@
 //! `HH:MM:SS.ffffff` (what RMM's logger pattern writes) or a plain number: seconds when it has
 //! a fraction or is below 10^11, microseconds below 10^17, nanoseconds above. Action is
 //! `allocate`, `free` (`deallocate` is read as `free`) or `allocate failure`. Pointer and
-//! Stream are hex with `0x`, hex without it when they hold a letter a–f, decimal otherwise;
-//! a failure's null pointer may be `(nil)` (glibc's `%p`) or empty.
+//! Stream are hex with `0x` (fmt's `{}` of a pointer, RMM before rapids-logger) or without it
+//! (printf's `%llx`, RMM on rapids-logger): in a column with no `0x` and a letter a–f somewhere,
+//! every value is hex, digits alone too; otherwise digits alone are decimal. A failure's null
+//! pointer may be `(nil)` (glibc's `%p`) or empty.
 
 use std::io::Read;
 
@@ -49,6 +51,49 @@ pub fn number(t: &[u8]) -> Option<u64> {
         return s.parse().ok();
     }
     u64::from_str_radix(s, 16).ok()
+}
+
+/// How one column (Pointer or Stream) writes its numbers, learnt as it is read: whether any
+/// value has `0x` or a letter a–f, and the rows whose value was digits alone (read as
+/// decimal until the column shows it is hex without `0x`).
+#[derive(Default)]
+struct Radix {
+    prefixed: bool,
+    lettered: bool,
+    digits_only: Vec<usize>,
+}
+
+impl Radix {
+    fn read(&mut self, t: &[u8], row: usize) -> Option<u64> {
+        let v = number(t)?;
+        if t.len() > 1 && t[0] == b'0' && (t[1] | 0x20) == b'x' {
+            self.prefixed = true;
+            self.digits_only = Vec::new(); // digits alone are decimal in this column
+        } else if t.iter().all(u8::is_ascii_digit) {
+            if !self.prefixed {
+                self.digits_only.push(row);
+            }
+        } else {
+            self.lettered = true;
+        }
+        Some(v)
+    }
+
+    /// Reads again as hex the values read as decimal, where the column is hex without `0x`.
+    /// A value's decimal digits are the text it was read from, bar leading zeros, which hex
+    /// reading ignores too.
+    fn settle(self, column: &mut [u64]) {
+        if self.prefixed || !self.lettered {
+            return;
+        }
+        for row in self.digits_only {
+            let v = &mut column[row];
+            // at most 16 hex digits to fit: more were not a pointer written as hex anyway
+            if let Ok(h) = u64::from_str_radix(&v.to_string(), 16) {
+                *v = h;
+            }
+        }
+    }
 }
 
 /// Digits only, as a number (None: empty, another character, or more than 18 digits).
@@ -158,6 +203,7 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
     }
     log.action.reserve(guess);
     log.time_us.reserve(guess);
+    let (mut ptrs, mut streams) = (Radix::default(), Radix::default());
     while rdr.read_byte_record(&mut rec).map_err(read_err)? {
         let at = line(&rec);
         if rec.len() == 1 && rec[0].trim_ascii().is_empty() {
@@ -189,7 +235,9 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
         };
         let ptr = match f(3) {
             b"(nil)" | b"" | b"nullptr" if action == ALLOC_FAILED => 0,
-            p => number(p).ok_or_else(|| bad("pointer", p))?,
+            p => ptrs
+                .read(p, log.ptr.len())
+                .ok_or_else(|| bad("pointer", p))?,
         };
         let thread = number_dec(f(0)).ok_or_else(|| bad("thread", f(0)))?;
         if f(4).starts_with(b"-") || f(3).starts_with(b"-") {
@@ -202,11 +250,15 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
             .filter(|s| !s.starts_with('+'))
             .and_then(|s| s.parse::<u64>().ok())
             .ok_or_else(|| bad("size", f(4)))?;
-        let stream = number(f(5)).ok_or_else(|| bad("stream", f(5)))?;
+        let stream = streams
+            .read(f(5), log.stream.len())
+            .ok_or_else(|| bad("stream", f(5)))?;
         let t = time_us(f(1)).ok_or_else(|| bad("time", f(1)))?;
         log.push(action, ptr, size, stream, t);
         log.thread.push(thread);
     }
+    ptrs.settle(&mut log.ptr);
+    streams.settle(&mut log.stream);
     if log.thread.iter().all(|&t| t == 0) {
         log.thread = Vec::new();
     }

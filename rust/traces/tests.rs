@@ -140,6 +140,27 @@ fn rmm_rows_in_every_variant() {
 }
 
 #[test]
+fn a_log_whose_pointers_have_no_0x_is_hex_throughout() {
+    // RMM's logger on rapids-logger writes pointers and streams with printf's `%llx`: hex, no
+    // `0x`. A pointer that happens to have no letter a-f is hex too, or "1000" (0x1000) would
+    // read as 1000, the pointer written "3e8".
+    let text = b"Thread,Time,Action,Pointer,Size,Stream\n\
+        1,10:00:00.000001,allocate,1000,64,0\n\
+        1,10:00:00.000002,allocate,3e8,64,7f00a0\n\
+        1,10:00:00.000003,allocate failure,0,1000000,0\n\
+        1,10:00:00.000004,free,1000,64,0\n\
+        1,10:00:00.000005,allocate,302000000,64,10\n";
+    let l = rmm::read(&text[..], "x", 0).unwrap();
+    assert_eq!(l.ptr, vec![0x1000, 0x3e8, 0, 0x1000, 0x3_0200_0000]);
+    assert_eq!(l.stream, vec![0, 0x7f_00a0, 0, 0, 0x10]);
+    // with `0x` anywhere in a column (fmt's `{}` of a pointer), digits alone stay decimal
+    let text = b"Thread,Time,Action,Pointer,Size,Stream\n\
+        1,1,allocate,0x3e8,64,0x0\n\
+        1,2,allocate,1000,64,0x0\n";
+    assert_eq!(rmm::read(&text[..], "x", 0).unwrap().ptr, vec![0x3e8, 1000]);
+}
+
+#[test]
 fn prepare_maps_pointers_to_ids() {
     let mut l = Log::default();
     l.push(log::ALLOC, 16, 10, 0, 0);
