@@ -11,6 +11,7 @@ import pytest
 
 import gpumm
 from gpumm.errors import TraceFormatError
+from gpumm.replay import replay
 from gpumm.traces import (load_snapshot, read_profiler_json, read_rmm_csv, read_snapshot,
                           read_trace, write_rmm_csv, write_snapshot)
 from gpumm.units import GiB, MiB
@@ -130,6 +131,29 @@ def test_rewinds_to_the_start(tmp_path):
     assert t.start.blocks == []  # the 1000 B block was allocated inside the history
     assert t.frames == [["train.py:3:step"]] and t.events[0].frames == 0
     assert t.peak_live() == 1000 and t.recorded_peak_reserved() == 2 * MiB
+
+
+def test_annotations_are_read_past(tmp_path):
+    """PyTorch 2.9 and on write an ``annotate`` entry where metadata is attached to a live
+    allocation (``_annotate_tensor``, ``global_record_annotations``); it changes no memory.
+    Both readers of an entry (the compact row, and the general one for a field of another
+    type) read past it."""
+    snap = small_snapshot()
+    seg = 0x7F0000000000
+    snap["device_traces"][0].insert(1, {"action": "annotate", "addr": seg + 1024, "size": 100,
+                                        "stream": 0, "time_us": 11, "user_metadata": "step 3"})
+    snap["device_traces"][0].append({"action": "annotate", "addr": seg, "stream": 0,
+                                     "time_us": "late", "user_metadata": {"k": 1}})
+    p = tmp_path / "a.pickle"
+    p.write_bytes(pickle.dumps(snap))
+    t = read_snapshot(p)
+    assert [e.action for e in t.events] == ["alloc", "free", "alloc"]
+    assert t.peak_live() == 1000
+    plain = tmp_path / "plain.pickle"
+    plain.write_bytes(pickle.dumps(small_snapshot()))
+    for name in ("gpumm", "caching"):
+        a, b = (replay(read_snapshot(f), [name], capacity="1GiB").results[name] for f in (p, plain))
+        assert (a.peak_reserved, a.ooms, a.address_match) == (b.peak_reserved, b.ooms, b.address_match)
 
 
 def test_truncated_and_corrupt_snapshots(tmp_path):

@@ -1,7 +1,7 @@
 //! Trace entries of a snapshot's `device_traces`, stored as columns while the pickle loads
 //! (one row per entry dict instead of a dict of boxed values). Entries that free nothing
-//! (`free_requested`, `snapshot`) hold no row: their value names the action alone
-//! ([`SKIP_FREE_REQUESTED`], [`SKIP_SNAPSHOT`]).
+//! (`free_requested`, `snapshot`, `annotate`) hold no row: their value names the action alone
+//! ([`SKIP_FREE_REQUESTED`], [`SKIP_SNAPSHOT`], [`SKIP_ANNOTATE`]).
 
 use std::sync::Mutex;
 
@@ -20,16 +20,31 @@ pub const SNAP_ACTIONS: &[&str] = &[
     "segment_unmap",
     "oom",
     "snapshot",
+    // metadata attached to a live allocation (`_annotate_tensor`, PyTorch 2.9 and on)
+    "annotate",
 ];
 pub const A_ALLOC: u8 = 0;
 pub const A_FREE_REQUESTED: u8 = 1;
 pub const A_FREE_COMPLETED: u8 = 2;
 pub const A_OOM: u8 = 7;
 pub const A_SNAPSHOT: u8 = 8;
+pub const A_ANNOTATE: u8 = 9;
 
-/// The row value of a `free_requested` entry, and of a `snapshot` one (no row is stored).
+/// Whether entries of this action change no memory (no row is stored for them).
+pub fn frees_nothing(action: u8) -> bool {
+    matches!(action, A_FREE_REQUESTED | A_SNAPSHOT | A_ANNOTATE)
+}
+
+/// The row value of a `free_requested` entry, a `snapshot` one and an `annotate` one (no row
+/// is stored).
 pub const SKIP_FREE_REQUESTED: u32 = 0x7FFF_FFF0;
 pub const SKIP_SNAPSHOT: u32 = 0x7FFF_FFF1;
+pub const SKIP_ANNOTATE: u32 = 0x7FFF_FFF2;
+
+/// Whether a row value is one of an entry that holds no row.
+pub fn skipped(row: u32) -> bool {
+    matches!(row, SKIP_FREE_REQUESTED | SKIP_SNAPSHOT | SKIP_ANNOTATE)
+}
 
 /// One entry: its action (an index of [`SNAP_ACTIONS`]), address (None for an `oom`),
 /// size, stream, `time_us`, interned stack (-1: none) and `device_free` (an `oom`'s).
@@ -109,6 +124,7 @@ impl Entries {
         let skipped = match i as u32 {
             SKIP_FREE_REQUESTED => Some(A_FREE_REQUESTED),
             SKIP_SNAPSHOT => Some(A_SNAPSHOT),
+            SKIP_ANNOTATE => Some(A_ANNOTATE),
             _ => None,
         };
         if let Some(action) = skipped {
@@ -177,7 +193,7 @@ impl Entries {
         }
         r.action = action?;
         match r.action {
-            A_FREE_REQUESTED | A_SNAPSHOT => {}
+            a if frees_nothing(a) => {}
             A_OOM => r.size = size?,
             _ => {
                 r.addr = addr?;
@@ -187,6 +203,7 @@ impl Entries {
         match r.action {
             A_FREE_REQUESTED => return Some(SKIP_FREE_REQUESTED),
             A_SNAPSHOT => return Some(SKIP_SNAPSHOT),
+            A_ANNOTATE => return Some(SKIP_ANNOTATE),
             _ => {}
         }
         r.addr = addr.unwrap_or(0);

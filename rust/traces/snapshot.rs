@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::entries::{self, Row, A_FREE_REQUESTED, A_OOM, A_SNAPSHOT};
+use super::entries::{self, Row, A_OOM};
 use super::log::{self, Log, Start};
 use super::pickle::{Loaded, Value};
 use super::TraceError;
@@ -422,7 +422,7 @@ fn general_entry(l: &Loaded, d: &Dict, at: &dyn Fn() -> String) -> Result<Option
         return fail(format!("{}: unknown action {act:?}", at()).replace('"', "'"));
     };
     let code = code as u8;
-    if code == A_FREE_REQUESTED || code == A_SNAPSHOT {
+    if entries::frees_nothing(code) {
         return Ok(None);
     }
     let time_us = match l.get(d, "time_us") {

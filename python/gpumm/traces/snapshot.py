@@ -12,7 +12,7 @@ released; trace entries are held as columns and frames interned while it loads.
 
 What is read: ``device_traces`` (the ring buffer of ``alloc``, ``free_requested``,
 ``free_completed``, ``segment_alloc``, ``segment_free``, ``segment_map``, ``segment_unmap``,
-``oom``, ``snapshot`` entries, with stack frames), ``segments`` (the final state),
+``oom``, ``snapshot``, ``annotate`` entries, with stack frames), ``segments`` (the final state),
 ``allocator_settings`` (:attr:`Trace.settings`) and ``external_annotations``
 (:attr:`Trace.annotations`). The state at the start of the ring buffer is rebuilt by
 rewinding from the final segments: an ``alloc`` in the history was not live before it, a
@@ -25,8 +25,9 @@ Memory is freed at ``free_completed``, when the allocator gets the block back.
 (``record_stream``) stays the allocator's until the events recorded on that stream complete,
 so one whose ``free_completed`` never comes stays live to the end, as it is in the final
 segments (state ``active_pending_free``). An ``oom`` entry keeps its ``device_free``
-(:meth:`Trace.recorded_ooms`). ``snapshot`` entries mark when a snapshot was taken and change
-nothing.
+(:meth:`Trace.recorded_ooms`). ``snapshot`` entries mark when a snapshot was taken and
+``annotate`` entries (PyTorch 2.9 and on) when metadata was attached to a live allocation;
+neither changes memory.
 
 Older layouts read too: history entries without ``time_us`` (time 0), blocks without
 ``address`` (each follows the one before), without ``requested_size`` (the block size),

@@ -2,7 +2,7 @@
 //! row of the file, else entry by entry.
 
 use super::{fail, general_entry, Stacks};
-use crate::traces::entries::{self, A_ALLOC, A_FREE_REQUESTED, A_OOM, A_SNAPSHOT};
+use crate::traces::entries::{self, A_ALLOC, A_OOM};
 use crate::traces::log::{self, Log};
 use crate::traces::pickle::{Loaded, Value};
 use crate::traces::TraceError;
@@ -57,7 +57,7 @@ pub(super) fn moved_log(
     let n = l.entries.len();
     let mut next = 0usize;
     for &r in h {
-        if r == entries::SKIP_FREE_REQUESTED || r == entries::SKIP_SNAPSHOT {
+        if entries::skipped(r) {
             continue;
         }
         if r as usize != next {
@@ -144,7 +144,7 @@ pub(super) fn history_log(
                 ))
             }
         };
-        if row.action == A_FREE_REQUESTED || row.action == A_SNAPSHOT {
+        if entries::frees_nothing(row.action) {
             continue; // memory is freed at free_completed
         }
         let t = *t0.get_or_insert(row.time_us);
