@@ -20,7 +20,7 @@ pub const SNAP_ACTIONS: &[&str] = &[
     "segment_unmap",
     "oom",
     "snapshot",
-    // metadata attached to a live allocation (`_annotate_tensor`, PyTorch 2.9 and on)
+    // metadata attached to a live allocation (`_annotate_tensor`, recent PyTorch)
     "annotate",
 ];
 pub const A_ALLOC: u8 = 0;

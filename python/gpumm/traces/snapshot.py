@@ -26,7 +26,7 @@ Memory is freed at ``free_completed``, when the allocator gets the block back.
 so one whose ``free_completed`` never comes stays live to the end, as it is in the final
 segments (state ``active_pending_free``). An ``oom`` entry keeps its ``device_free``
 (:meth:`Trace.recorded_ooms`). ``snapshot`` entries mark when a snapshot was taken and
-``annotate`` entries (PyTorch 2.9 and on) when metadata was attached to a live allocation;
+``annotate`` entries (recent PyTorch) when metadata was attached to a live allocation;
 neither changes memory.
 
 Older layouts read too: history entries without ``time_us`` (time 0), blocks without
