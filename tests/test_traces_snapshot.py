@@ -134,9 +134,9 @@ def test_rewinds_to_the_start(tmp_path):
 
 
 def test_annotations_are_read_past(tmp_path):
-    """Recent PyTorch (2.15 documents it) writes an ``annotate`` entry where metadata is attached to a live
-    allocation (``_annotate_tensor``, ``global_record_annotations``); it changes no memory.
-    Both readers of an entry (the compact row, and the general one for a field of another
+    """Recent PyTorch (2.15 documents it) writes an ``annotate`` entry where metadata is
+    attached to a live allocation (``_annotate_tensor``, ``global_record_annotations``); it
+    changes no memory. Both readers of an entry (the compact row, and the general one for a field of another
     type) read past it."""
     snap = small_snapshot()
     seg = 0x7F0000000000
