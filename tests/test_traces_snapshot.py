@@ -156,6 +156,51 @@ def test_annotations_are_read_past(tmp_path):
         assert (a.peak_reserved, a.ooms, a.address_match) == (b.peak_reserved, b.ooms, b.address_match)
 
 
+def _zip_as_torch_save(path, payload: bytes, compress: bool = False):
+    """``torch.save``'s layout: a zip whose ``<name>/data.pkl`` is the pickle, with the
+    ``<name>/version`` and ``<name>/byteorder`` records beside it."""
+    import zipfile
+
+    how = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    with zipfile.ZipFile(path, "w", compression=how) as z:
+        z.writestr("snap/version", "3\n")
+        z.writestr("snap/data.pkl", payload)
+        z.writestr("snap/byteorder", "little")
+
+
+def test_a_snapshot_gzipped_or_saved_with_torch_save_reads_as_the_pickle(tmp_path):
+    """Users gzip a snapshot to share it, or save ``_snapshot()`` with ``torch.save`` (a zip
+    holding ``data.pkl``): both read as the pickle itself, by every reader and the CLI."""
+    raw = pickle.dumps(small_snapshot())
+    plain = tmp_path / "s.pickle"
+    plain.write_bytes(raw)
+    gz = tmp_path / "s.pickle.gz"
+    gz.write_bytes(gzip.compress(raw))
+    stored, deflated = tmp_path / "s.pt", tmp_path / "d.pt"
+    _zip_as_torch_save(stored, raw)
+    _zip_as_torch_save(deflated, raw, compress=True)
+    want = read_snapshot(plain)
+    for f in (gz, stored, deflated):
+        t = gpumm.traces.read_trace(f)
+        assert [(e.action, e.ptr, e.size) for e in t.events] == \
+            [(e.action, e.ptr, e.size) for e in want.events]
+        assert t.start.segments == want.start.segments and t.frames == want.frames
+        assert load_snapshot(f) == small_snapshot()
+        assert len(gpumm.traces.read_traces(f)) == 1
+    # a zip without a pickle, a gzip cut short: a clear error, naming what is missing
+    import zipfile
+
+    empty = tmp_path / "e.pt"
+    with zipfile.ZipFile(empty, "w") as z:
+        z.writestr("x/version", "3")
+    with pytest.raises(TraceFormatError, match="data.pkl"):
+        gpumm.traces.read_trace(empty)
+    cut = tmp_path / "c.pickle.gz"
+    cut.write_bytes(gz.read_bytes()[:-30])
+    with pytest.raises(TraceFormatError):
+        gpumm.traces.read_trace(cut)
+
+
 def test_truncated_and_corrupt_snapshots(tmp_path):
     good = pickle.dumps(small_snapshot())
     p = tmp_path / "t.pickle"

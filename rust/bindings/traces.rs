@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyFrozenSet, PyList, PySet, PyString, PyTuple};
 
 use crate::traces::log::{self, Log, Start};
-use crate::traces::pickle::{self, Loaded, Value};
-use crate::traces::{prepare, rmm, snapshot, TraceError};
+use crate::traces::pickle::{Loaded, Value};
+use crate::traces::{pickle_file, prepare, rmm, snapshot, TraceError};
 
 fn format_error(py: Python<'_>, msg: String) -> PyErr {
     match py
@@ -45,10 +45,7 @@ fn guarded<T: Send>(
 
 /// A pickle file loaded as it is read (its bytes are never held whole).
 fn load_file(name: &str, compact: bool) -> Result<Loaded, TraceError> {
-    let cannot = |e: std::io::Error| TraceError(format!("{name}: cannot read: {e}"));
-    let f = std::fs::File::open(name).map_err(cannot)?;
-    let len = f.metadata().map_err(cannot)?.len() as usize;
-    pickle::load_from(std::io::BufReader::with_capacity(1 << 16, f), len, compact)
+    pickle_file::load(name, compact)
 }
 
 /// A start state as Python passes it: (address, size, stream) of segments, (address,

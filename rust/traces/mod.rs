@@ -6,6 +6,7 @@
 pub mod entries;
 pub mod log;
 pub mod pickle;
+pub mod pickle_file;
 pub mod prepare;
 pub mod rmm;
 pub mod snapshot;

@@ -57,7 +57,8 @@ def read_traces(path: Union[str, "os.PathLike[str]"]) -> List[Trace]:
 
 
 def read_trace(path: Union[str, "os.PathLike[str]"], device: Optional[int] = None) -> Trace:
-    """Reads an RMM CSV, a PyTorch snapshot pickle or a profiler JSON, by its first bytes.
+    """Reads an RMM CSV, a PyTorch snapshot pickle (plain, gzipped, or saved with
+    ``torch.save``) or a profiler JSON (plain or gzipped), by its first bytes.
     ``device``: which device of a snapshot or a profiler trace (default: the first of
     :func:`read_traces`'s order, so the device of a recorded out-of-memory failure)."""
     name = os.fspath(path)
@@ -90,7 +91,7 @@ def _format(name: str) -> str:
         except (OSError, EOFError, zlib.error) as e:
             raise TraceFormatError(f"{name}: corrupt gzip data: {e}") from None
     text = head.lstrip()
-    if head[:1] == b"\x80":
+    if head[:1] == b"\x80" or head[:4] == b"PK\x03\x04":  # a pickle, or torch.save's zip of one
         return "snapshot"
     if text[:1] in (b"{", b"["):
         return "profiler"
