@@ -445,6 +445,77 @@ def whisper_generate() -> Step:
     return step
 
 
+def assisted_decode() -> Step:
+    """Speculative decoding (`generate(assistant_model=...)`: a 2-layer draft model proposes
+    tokens, the 6-layer model checks them in one pass, and both KV caches are cut back to
+    the tokens kept): transformers' Llama, both with hidden 512, 8 heads, vocabulary 32000,
+    one prompt of 64 tokens, 64 new tokens greedy."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+
+    def llama(layers: int):
+        return LlamaForCausalLM(LlamaConfig(
+            vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=layers,
+            num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512)).eval()
+
+    model, draft = llama(6), llama(2)
+    ids = torch.randint(1, 32000, (1, 64))
+
+    def step() -> None:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
+                                 max_new_tokens=64, min_new_tokens=64, do_sample=False,
+                                 pad_token_id=0)
+        assert out.shape == (1, 128), out.shape
+
+    return step
+
+
+def dit_train() -> Step:
+    """A diffusion transformer's denoising step (the noise of a random timestep predicted for
+    each latent, mean squared error): diffusers' DiTTransformer2DModel with a shrunk
+    configuration (8 layers, 6 heads of 64, patch 2, class-conditioned adaptive layer
+    norm), batch 8 of 4 x 32 x 32 latents, AdamW."""
+    import torch
+    from diffusers import DiTTransformer2DModel
+
+    torch.manual_seed(0)
+    model = DiTTransformer2DModel(
+        num_attention_heads=6, attention_head_dim=64, in_channels=4, out_channels=4,
+        num_layers=8, sample_size=32, patch_size=2, num_embeds_ada_norm=1000)
+    latents = torch.randn(8, 4, 32, 32)
+    noise = torch.randn_like(latents)
+    steps = torch.randint(0, 1000, (8,))
+    classes = torch.randint(0, 1000, (8,))
+
+    def loss():
+        pred = model(latents + noise, timestep=steps, class_labels=classes).sample
+        return torch.nn.functional.mse_loss(pred, noise)
+
+    return adamw_step(model, loss)
+
+
+def longformer_train() -> Step:
+    """Sliding-window attention over long sequences (each token attends to a window of 128
+    around it, computed in overlapping chunks, and the first token globally):
+    transformers' Longformer with a shrunk configuration (4 layers, hidden 256, 4 heads,
+    vocabulary 30522), masked-language-model loss, batch 2 of 2048 tokens, AdamW."""
+    import torch
+    from transformers import LongformerConfig, LongformerForMaskedLM
+
+    torch.manual_seed(0)
+    model = LongformerForMaskedLM(LongformerConfig(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+        attention_window=128, max_position_embeddings=2050, vocab_size=30522))
+    ids = torch.randint(5, 30522, (2, 2048))
+    globals_ = torch.zeros_like(ids)
+    globals_[:, 0] = 1
+    return adamw_step(model, lambda: model(input_ids=ids, global_attention_mask=globals_,
+                                           labels=ids).loss)
+
+
 #: In the order they were recorded: the first four after the size cache stopped changing
 #: placements (docs/reserve.md, "Held-out workloads"), the next five after the policy of
 #: issue 27's first rounds, the last four after the heap page ends rule.
@@ -481,4 +552,10 @@ HELD_OUT: List[Workload] = [
              vit_mae_pretrain, 1, 2),
     Workload("whisper_generate", "Whisper (small), greedy generate, 2 x 30 s + 48 tokens",
              whisper_generate, 1, 1),
+    Workload("assisted_decode", "Llama (small) with a 2-layer draft model, speculative "
+             "generate, 64 + 64 tokens", assisted_decode, 1, 1),
+    Workload("dit_train", "DiT (small), denoising step, 8 x 4 x 32 x 32 latents, AdamW",
+             dit_train, 1, 2),
+    Workload("longformer_train", "Longformer (small), window 128, 2 x 2048 tokens, MLM, AdamW",
+             longformer_train, 1, 2),
 ]
