@@ -201,6 +201,13 @@ def test_a_snapshot_gzipped_or_saved_with_torch_save_reads_as_the_pickle(tmp_pat
         gpumm.traces.read_trace(cut)
 
 
+def test_a_snapshot_written_as_json_is_told_to_be_a_pickle(tmp_path):
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(small_snapshot()))
+    with pytest.raises(TraceFormatError, match="snapshot written as JSON.*_dump_snapshot"):
+        gpumm.traces.read_trace(p)
+
+
 def test_truncated_and_corrupt_snapshots(tmp_path):
     good = pickle.dumps(small_snapshot())
     p = tmp_path / "t.pickle"

@@ -74,6 +74,11 @@ def _memory_events(name: str) -> List[_Mem]:
         raise TraceFormatError(f"{name}: not readable JSON: {e}") from None
     items = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(items, list):
+        if isinstance(data, dict) and ("device_traces" in data or "segments" in data):
+            raise TraceFormatError(
+                f"{name}: a PyTorch memory snapshot written as JSON; gpumm reads the snapshot "
+                "as PyTorch writes it, a pickle: torch.cuda.memory._dump_snapshot(path), or "
+                "pickle.dump of the dict")
         raise TraceFormatError(f"{name}: no 'traceEvents' list")
     mem: List[_Mem] = []
     for i, ev in enumerate(items):
