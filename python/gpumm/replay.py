@@ -378,7 +378,8 @@ _NOTHING_TO_REPLAY = {
     "rmm": "no allocation in this RMM log (its rows hold no 'allocate'): nothing to replay",
     "snapshot": ("no allocation in this snapshot's history and no live block in its state: "
                  "nothing to replay (call torch.cuda.memory._record_memory_history() before "
-                 "the run, then torch.cuda.memory._dump_snapshot())"),
+                 "the run, then torch.cuda.memory._dump_snapshot(); with record_cuda=False "
+                 "only pinned host memory is recorded, which gpumm does not replay)"),
     "profiler": ("no memory event in this profiler trace: nothing to replay (profile with "
                  "profile_memory=True)"),
 }
