@@ -168,7 +168,7 @@ OPEN: Dict[str, str] = {
     "interleaved": "1.055 x 170.6 MiB (180 MiB, as caching and caching-expandable on this "
                    "seed), over 1.02 x + 4 MiB (178.0); on 80 more seeds caching holds less on "
                    "none, caching-expandable on 22 (docs/reserve.md)",
-    "streams": "1.107 x 168.1 MiB (186 MiB), over 1.02 x + 4 MiB (the best of the others: 1.283): "
+    "streams": "1.095 x 168.1 MiB (184 MiB), over 1.02 x + 4 MiB (the best of the others: 1.283): "
                "page ends of mid-size tensors and half-empty heap pages (docs/reserve.md)",
 }
 

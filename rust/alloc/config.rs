@@ -142,6 +142,28 @@ pub(super) const BATCH_RECORDS: usize = 64;
 /// KV cache class over 80 seeds 2,034 → 2,038 (docs/reserve.md, "Thresholds" and "The
 /// classes on seeds they were not tuned on").
 pub(super) const HEAP_EXTEND_DIV: u32 = 8;
+/// See `carves_at_block_end`: a heap request of at least 1/`HEAP_END_DIV` of a page (256 KiB at
+/// 2 MiB pages), in a pool of at least `SMALL_POOL` that has served a large request, is
+/// carved from the end of the free block it takes. Measured with `scripts/reserve_table.py`,
+/// `scripts/robustness.py` and `scripts/class_seeds.py CLASS --seeds 10-89` (docs/reserve.md,
+/// "Heap blocks from both ends"): at 8, qwen2_partial_train 246 -> 244 MiB (every target
+/// met), deberta_train 966 -> 962, mobilenet_train 642 -> 640, regnet_train 454 -> 452, the
+/// streams class's seed 186 -> 184 and its 80 seeds 14,806 -> 14,802, the held-out copies
+/// 69,564 -> 69,554 MiB and 12 -> 11 over their bound, at the cost of clip_train 194 -> 196
+/// (within its bound, 196.8); at 4 only regnet_train's gain stays and
+/// efficientnet_multiscale_train takes a page more (copies 69,568); at 16 swin_train's
+/// smallest capacity 264 -> 268 and t5_train 656 -> 658 (copies 69,560). In small pools
+/// (a page a larger share of the pool) gpt2_decode 34 -> 38 MiB, over its bound; in pools
+/// that never served a large request the interleaved class over 80 seeds 15,024 -> 15,130.
+pub(super) const HEAP_END_DIV: u32 = 8;
+/// `carves_at_block_end` is off once the pages the pool could still get within its limit, with
+/// the free pages it holds, are under 1/`HEAP_END_ROOM_DIV` of that limit: with it on to the
+/// end, the smallest device for the churn stream of `cargo bench --bench fill` 11.125 ->
+/// 11.1875 GiB; off from 1/8 (`PRESSURE_DIV`) or 1/16 instead, swin_train's smallest
+/// capacity 264 -> 268 MiB (over its target). At 32 the fill to failure over 40 seeds
+/// (`FILL_SEEDS=1-40 FILL_ONLY="2 MiB pages"`) is 99.778 % against 99.780 without the rule,
+/// 99.947 % movable as without it, and the churn stream's smallest device 11.125 GiB.
+pub(super) const HEAP_END_ROOM_DIV: u64 = 32;
 /// See `lossy`: a small request of at least 1/`LOSSY_DIV` of a page whose page tail (a
 /// page's remainder after as many of it as fit) is over 1/`LOSSY_TAIL_DIV` of a page, in a
 /// pool of at least `SMALL_POOL`, that finds no heap block takes the large path. 8 and 16
