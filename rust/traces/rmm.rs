@@ -2,7 +2,8 @@
 //! and `flate2` crates.
 //!
 //! Layout: a header `Thread,Time,Action,Pointer,Size,Stream`, then one row per event. Time is
-//! `HH:MM:SS.ffffff` (what RMM's logger pattern writes) or a plain number: seconds when it has
+//! `HH:MM:SS.ffffff` (what RMM's logger pattern writes: the time of day, so a log that runs
+//! past midnight is read on into the next day) or a plain number: seconds when it has
 //! a fraction or is below 10^11, microseconds below 10^17, nanoseconds above. Action is
 //! `allocate`, `free` (`deallocate` is read as `free`) or `allocate failure`. Pointer and
 //! Stream are hex with `0x` (fmt's `{}` of a pointer, RMM before rapids-logger) or without it
@@ -16,6 +17,10 @@ use super::log::{Log, ALLOC, ALLOC_FAILED, FREE};
 use super::TraceError;
 
 pub const HEADER: [&str; 6] = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"];
+
+/// Half a day in microseconds: a time of day that falls back by more than this is of the
+/// next day (threads' rows may be a little out of order, never by hours).
+const HALF_DAY_US: i64 = 12 * 3_600 * 1_000_000;
 
 /// Reads the file at `path` (gunzipped as it is read when it starts with gzip's magic),
 /// without holding its text.
@@ -204,6 +209,8 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
     log.action.reserve(guess);
     log.time_us.reserve(guess);
     let (mut ptrs, mut streams) = (Radix::default(), Radix::default());
+    // a time of day (`HH:MM:SS`) that falls back by over half a day: midnight has passed
+    let (mut day, mut last_clock) = (0i64, None::<i64>);
     while rdr.read_byte_record(&mut rec).map_err(read_err)? {
         let at = line(&rec);
         if rec.len() == 1 && rec[0].trim_ascii().is_empty() {
@@ -253,7 +260,14 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
         let stream = streams
             .read(f(5), log.stream.len())
             .ok_or_else(|| bad("stream", f(5)))?;
-        let t = time_us(f(1)).ok_or_else(|| bad("time", f(1)))?;
+        let mut t = time_us(f(1)).ok_or_else(|| bad("time", f(1)))?;
+        if f(1).contains(&b':') {
+            if last_clock.is_some_and(|last| t + day < last - HALF_DAY_US) {
+                day += 2 * HALF_DAY_US;
+            }
+            t += day;
+            last_clock = Some(t);
+        }
         log.push(action, ptr, size, stream, t);
         log.thread.push(thread);
     }

@@ -161,6 +161,35 @@ fn a_log_whose_pointers_have_no_0x_is_hex_throughout() {
 }
 
 #[test]
+fn a_log_that_runs_past_midnight_keeps_its_time_running_on() {
+    // RMM's logger writes the time of day: after 23:59:59 comes 00:00:00 of the next day
+    let text = b"Thread,Time,Action,Pointer,Size,Stream\n\
+        1,23:59:59.999000,allocate,0x1000,64,0x0\n\
+        1,00:00:00.000100,free,0x1000,64,0x0\n\
+        1,23:59:59.000000,allocate,0x2000,64,0x0\n\
+        1,00:00:01.000000,free,0x2000,64,0x0\n";
+    let l = rmm::read(&text[..], "x", 0).unwrap();
+    let day = 86_400_000_000i64;
+    assert_eq!(
+        l.time_us,
+        vec![
+            day - 1_000,
+            day + 100,
+            2 * day - 1_000_000,
+            2 * day + 1_000_000
+        ]
+    );
+    // threads' rows a little out of order are not a new day
+    let text = b"Thread,Time,Action,Pointer,Size,Stream\n\
+        1,10:00:00.000200,allocate,0x1000,64,0x0\n\
+        2,10:00:00.000100,allocate,0x2000,64,0x0\n";
+    assert_eq!(
+        rmm::read(&text[..], "x", 0).unwrap().time_us[1],
+        36_000_000_100
+    );
+}
+
+#[test]
 fn prepare_maps_pointers_to_ids() {
     let mut l = Log::default();
     l.push(log::ALLOC, 16, 10, 0, 0);
