@@ -451,7 +451,8 @@ impl Pool {
         room * div < max
     }
 
-    /// Free block `b` leaves its bin and holds the request from its start.
+    /// Free block `b` leaves its bin and holds the request from its start (from its end for a
+    /// heap request that `carves_at_block_end`).
     #[inline(always)]
     fn take_free(&mut self, b: u32, units: u32, a: u32) -> Layout {
         self.remove_free(b);
