@@ -1,7 +1,7 @@
 //! Trace entries of a snapshot's `device_traces`, stored as columns while the pickle loads
 //! (one row per entry dict instead of a dict of boxed values). Entries that free nothing
-//! (`free_requested`, `snapshot`, `annotate`) hold no row: their value names the action alone
-//! ([`SKIP_FREE_REQUESTED`], [`SKIP_SNAPSHOT`], [`SKIP_ANNOTATE`]).
+//! (`free_requested`, `snapshot`, `annotate`: [`frees_nothing`]) hold no row: their value
+//! names the action alone ([`skip_row`]).
 
 use std::sync::Mutex;
 
@@ -35,15 +35,22 @@ pub fn frees_nothing(action: u8) -> bool {
     matches!(action, A_FREE_REQUESTED | A_SNAPSHOT | A_ANNOTATE)
 }
 
-/// The row value of a `free_requested` entry, a `snapshot` one and an `annotate` one (no row
-/// is stored).
-pub const SKIP_FREE_REQUESTED: u32 = 0x7FFF_FFF0;
-pub const SKIP_SNAPSHOT: u32 = 0x7FFF_FFF1;
-pub const SKIP_ANNOTATE: u32 = 0x7FFF_FFF2;
+/// Row values from here up name the action of an entry that holds no row; rows below it.
+const SKIP_BASE: u32 = 0x7FFF_FF00;
+
+/// The row value of an entry of `action` that [`frees_nothing`] (no row is stored).
+fn skip_row(action: u8) -> u32 {
+    SKIP_BASE + action as u32
+}
+
+/// The action a row value names, if it is one of an entry that holds no row.
+fn skip_action(row: u32) -> Option<u8> {
+    row.checked_sub(SKIP_BASE).map(|a| a as u8)
+}
 
 /// Whether a row value is one of an entry that holds no row.
 pub fn skipped(row: u32) -> bool {
-    matches!(row, SKIP_FREE_REQUESTED | SKIP_SNAPSHOT | SKIP_ANNOTATE)
+    skip_action(row).is_some()
 }
 
 /// One entry: its action (an index of [`SNAP_ACTIONS`]), address (None for an `oom`),
@@ -121,13 +128,7 @@ impl Entries {
     /// Row `i` (a skipped entry's value reads as its action alone; after
     /// [`Entries::take_cols`], every field but the action reads as zero).
     pub fn row(&self, i: usize) -> Row {
-        let skipped = match i as u32 {
-            SKIP_FREE_REQUESTED => Some(A_FREE_REQUESTED),
-            SKIP_SNAPSHOT => Some(A_SNAPSHOT),
-            SKIP_ANNOTATE => Some(A_ANNOTATE),
-            _ => None,
-        };
-        if let Some(action) = skipped {
+        if let Some(action) = skip_action(i as u32) {
             return Row {
                 action,
                 stack: -1,
@@ -192,24 +193,20 @@ impl Entries {
             }
         }
         r.action = action?;
+        if frees_nothing(r.action) {
+            return Some(skip_row(r.action));
+        }
         match r.action {
-            a if frees_nothing(a) => {}
             A_OOM => r.size = size?,
             _ => {
                 r.addr = addr?;
                 r.size = size?;
             }
         }
-        match r.action {
-            A_FREE_REQUESTED => return Some(SKIP_FREE_REQUESTED),
-            A_SNAPSHOT => return Some(SKIP_SNAPSHOT),
-            A_ANNOTATE => return Some(SKIP_ANNOTATE),
-            _ => {}
-        }
         r.addr = addr.unwrap_or(0);
         r.size = size.unwrap_or(0);
         let i = self.len();
-        if i >= SKIP_FREE_REQUESTED as usize {
+        if i >= SKIP_BASE as usize {
             return None;
         }
         let c = self.cols.get_mut().unwrap_or_else(|e| e.into_inner());
