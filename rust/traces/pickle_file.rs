@@ -4,7 +4,7 @@
 //! stream, never held whole.
 
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek};
 
 use super::pickle::{self, Loaded};
 use super::TraceError;
@@ -21,15 +21,14 @@ pub fn load(name: &str, compact: bool) -> Result<Loaded, TraceError> {
     let len = f.metadata().map_err(cannot)?.len() as usize;
     let mut magic = [0u8; 4];
     let n = read_up_to(&mut f, &mut magic).map_err(cannot)?;
-    drop(f);
-    let open = || File::open(name).map_err(cannot);
+    f.rewind().map_err(cannot)?;
     match &magic[..n] {
         [0x1f, 0x8b, ..] => {
-            let gz = flate2::read::MultiGzDecoder::new(buffered(open()?));
+            let gz = flate2::read::MultiGzDecoder::new(buffered(f));
             pickle::load_from(buffered(gz), len.saturating_mul(INFLATE_MAX), compact)
         }
         b"PK\x03\x04" => {
-            let mut zip = zip::ZipArchive::new(buffered(open()?))
+            let mut zip = zip::ZipArchive::new(buffered(f))
                 .map_err(|e| TraceError(format!("{name}: not a readable zip: {e}")))?;
             let Some(i) = (0..zip.len()).find(|&i| {
                 zip.name_for_index(i)
@@ -46,7 +45,7 @@ pub fn load(name: &str, compact: bool) -> Result<Loaded, TraceError> {
             let size = entry.size() as usize;
             pickle::load_from(buffered(entry), size, compact)
         }
-        _ => pickle::load_from(buffered(open()?), len, compact),
+        _ => pickle::load_from(buffered(f), len, compact),
     }
 }
 

@@ -262,10 +262,10 @@ pub fn read(data: impl Read, name: &str, rows: usize) -> Result<Log, TraceError>
             .ok_or_else(|| bad("stream", f(5)))?;
         let mut t = time_us(f(1)).ok_or_else(|| bad("time", f(1)))?;
         if f(1).contains(&b':') {
-            if last_clock.is_some_and(|last| t + day < last - HALF_DAY_US) {
-                day += 2 * HALF_DAY_US;
+            if last_clock.is_some_and(|last| t.saturating_add(day) < last - HALF_DAY_US) {
+                day = day.saturating_add(2 * HALF_DAY_US);
             }
-            t += day;
+            t = t.saturating_add(day);
             last_clock = Some(t);
         }
         log.push(action, ptr, size, stream, t);
