@@ -9,12 +9,14 @@
 //! The pool without the cache, freeing heap block B, merges it with its free neighbours into
 //! a block R and files R at the head of its bin; a request of B's size then takes the head
 //! of the lowest non-empty heap bin whose blocks all hold it (`Bins::find_fit`, with no scan
-//! of the request's own bin) and is cut from its start. That is B itself when:
+//! of the request's own bin) and is cut from its start (from its end where the pool
+//! `carves_at_block_end`). That is B itself when:
 //! - the block before B is not free (R starts where B does);
 //! - R is not its whole page (which would go back to the free pages instead);
 //! - in a pool below `SMALL_POOL`, R does not end its segment before a heap page whose first
 //!   block is free (R would join it: `Pool::join_next_heap`);
 //! - R's bin is one whose blocks all hold the request;
+//! - R ends where B does, where the request is cut from R's end;
 //! - no other free heap block is in a bin from the request's up to below R's (a free block
 //!   just after B, merged into R, is not counted when it is alone in its bin);
 //!
@@ -250,6 +252,9 @@ impl Pool {
             }
         }
         if !self.small_pool() {
+            if next_free && self.carves_at_block_end(blk.len) {
+                return false; // cut from R's end (`take_free`), past `b`
+            }
             return self.best_takes(blk.len, len, if next_free { nx } else { NIL });
         }
         let (want, own) = (bin_up(blk.len), bin_of(len));

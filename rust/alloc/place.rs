@@ -127,7 +127,7 @@ impl Pool {
     /// regnet_train 452 -> 456, both over their bound. Off once the pool is nearly full
     /// (`HEAP_END_ROOM_DIV`).
     #[inline]
-    fn carves_at_block_end(&self, units: u32) -> bool {
+    pub(super) fn carves_at_block_end(&self, units: u32) -> bool {
         units * HEAP_END_DIV >= self.pg
             && self.served_large
             && !self.small_pool()
