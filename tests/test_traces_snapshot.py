@@ -156,6 +156,55 @@ def test_annotations_are_read_past(tmp_path):
         assert (a.peak_reserved, a.ooms, a.address_match) == (b.peak_reserved, b.ooms, b.address_match)
 
 
+def _without(snap, action):
+    """``snap`` as ``_record_memory_history(skip_actions=[action])`` records it."""
+    out = dict(snap)
+    out["device_traces"] = [[e for e in d if e["action"] != action] for d in snap["device_traces"]]
+    return out
+
+
+def test_a_history_without_free_completed_frees_at_free_requested(tmp_path):
+    """``_record_memory_history(skip_actions=["free_completed"])`` records no
+    ``free_completed``: the memory is freed at ``free_requested`` instead of never, in the
+    compact rows and in entries read by the general path (a field of another type). Where
+    both are recorded, a block is freed at ``free_completed``, even one requested earlier."""
+    seg = 0x7F0000000000
+    snap = small_snapshot()
+    p = tmp_path / "s.pickle"
+    p.write_bytes(pickle.dumps(_without(snap, "free_completed")))
+    t = read_snapshot(p)
+    assert [(e.action, e.ptr) for e in t.events] == \
+        [("alloc", seg + 1024), ("free", seg + 1024), ("alloc", seg)]
+    assert t.peak_live() == 1000
+    general = _without(snap, "free_completed")
+    general["device_traces"][0][1]["time_us"] = "late"  # not an int: the general reader
+    p.write_bytes(pickle.dumps(general))
+    assert [e.action for e in read_snapshot(p).events] == ["alloc", "free", "alloc"]
+    # both recorded, the completion late (a block used on another stream): freed there
+    late = small_snapshot()
+    hist = late["device_traces"][0]
+    hist.insert(3, hist.pop(2))  # free_completed after the second alloc
+    p.write_bytes(pickle.dumps(late))
+    assert [e.action for e in read_snapshot(p).events] == ["alloc", "alloc", "free"]
+    assert read_snapshot(p).peak_live() == 1100
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["compile_train", "forward_bf16"])
+def test_a_real_history_without_free_completed_replays_as_recorded(tmp_path, name):
+    """Real snapshots whose blocks are freed as soon as requested: recorded without
+    ``free_completed`` they read to the same events, and every model reserves the same."""
+    snap = load_snapshot(TRACES / f"{name}.pickle")
+    p = tmp_path / "s.pickle"
+    p.write_bytes(pickle.dumps(_without(snap, "free_completed")))
+    got, want = read_snapshot(p), read_snapshot(TRACES / f"{name}.pickle")
+    assert [(e.action, e.ptr, e.size) for e in got.events] == \
+        [(e.action, e.ptr, e.size) for e in want.events]
+    models = ["gpumm", "caching", "cupy"]
+    a, b = (replay(t, models, capacity="80GiB").results for t in (got, want))
+    assert [a[m].peak_reserved for m in models] == [b[m].peak_reserved for m in models]
+
+
 def _zip_as_torch_save(path, payload: bytes, compress: bool = False):
     """``torch.save``'s layout: a zip whose ``<name>/data.pkl`` is the pickle, with the
     ``<name>/version`` and ``<name>/byteorder`` records beside it."""

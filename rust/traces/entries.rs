@@ -2,6 +2,12 @@
 //! (one row per entry dict instead of a dict of boxed values). Entries that free nothing
 //! (`free_requested`, `snapshot`, `annotate`: [`frees_nothing`]) hold no row: their value
 //! names the action alone ([`skip_row`]).
+//!
+//! A `free_requested` read before any `free_completed` is kept aside instead
+//! ([`Entries::requested`]): a history recorded with
+//! `_record_memory_history(skip_actions=["free_completed"])` holds no `free_completed`, and its
+//! memory is then freed at `free_requested` (`snapshot/history.rs`). Once a `free_completed`
+//! is read the history frees at those, and later `free_requested` entries are skipped.
 
 use std::sync::Mutex;
 
@@ -38,6 +44,10 @@ pub fn frees_nothing(action: u8) -> bool {
 /// Row values from here up name the action of an entry that holds no row; rows below it.
 const SKIP_BASE: u32 = 0x7FFF_FF00;
 
+/// Row values from here up are `free_requested` entries kept aside: `REQUESTED_BASE + k` is
+/// [`Entries::requested`]`[k]`.
+const REQUESTED_BASE: u32 = SKIP_BASE + 0x100;
+
 /// The row value of an entry of `action` that [`frees_nothing`] (no row is stored).
 fn skip_row(action: u8) -> u32 {
     SKIP_BASE + action as u32
@@ -45,7 +55,10 @@ fn skip_row(action: u8) -> u32 {
 
 /// The action a row value names, if it is one of an entry that holds no row.
 fn skip_action(row: u32) -> Option<u8> {
-    row.checked_sub(SKIP_BASE).map(|a| a as u8)
+    match row.checked_sub(SKIP_BASE)? {
+        k if k >= REQUESTED_BASE - SKIP_BASE => Some(A_FREE_REQUESTED),
+        k => Some(k as u8),
+    }
 }
 
 /// Whether a row value is one of an entry that holds no row.
@@ -87,6 +100,11 @@ pub struct Entries {
     pub device_free: Vec<(u32, u64)>,
     keys: [u32; 7],
     actions: FxHashMap<u32, u8>,
+    /// the `free_requested` entries read before the first `free_completed` (their value:
+    /// `REQUESTED_BASE` + index), for a history that holds no `free_completed`
+    pub requested: Vec<Row>,
+    /// whether a `free_completed` entry has been read
+    completes: bool,
 }
 
 const K_ACTION: usize = 0;
@@ -128,6 +146,13 @@ impl Entries {
     /// Row `i` (a skipped entry's value reads as its action alone; after
     /// [`Entries::take_cols`], every field but the action reads as zero).
     pub fn row(&self, i: usize) -> Row {
+        if let Some(k) = (i as u32).checked_sub(REQUESTED_BASE) {
+            return self.requested.get(k as usize).copied().unwrap_or(Row {
+                action: A_FREE_REQUESTED,
+                stack: -1,
+                ..Row::default()
+            });
+        }
         if let Some(action) = skip_action(i as u32) {
             return Row {
                 action,
@@ -193,6 +218,12 @@ impl Entries {
             }
         }
         r.action = action?;
+        self.completes |= r.action == A_FREE_COMPLETED;
+        if r.action == A_FREE_REQUESTED && !self.completes {
+            r.addr = addr?;
+            r.size = size?;
+            return self.keep_requested(r);
+        }
         if frees_nothing(r.action) {
             return Some(skip_row(r.action));
         }
@@ -220,6 +251,15 @@ impl Entries {
             self.device_free.push((i as u32, f));
         }
         Some(i as u32)
+    }
+
+    /// Keeps `free_requested` entry `r` aside (None: too many to number).
+    fn keep_requested(&mut self, r: Row) -> Option<u32> {
+        let v = u32::try_from(self.requested.len())
+            .ok()
+            .and_then(|k| REQUESTED_BASE.checked_add(k))?;
+        self.requested.push(r);
+        Some(v)
     }
 
     /// The `device_free` of row `i`, if it recorded one.

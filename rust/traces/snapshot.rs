@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::entries::{self, Row, A_OOM};
+use super::entries::{self, Row, A_FREE_REQUESTED, A_OOM};
 use super::log::{self, Log, Start};
 use super::pickle::{Loaded, Value};
 use super::TraceError;
@@ -356,7 +356,9 @@ pub fn read_device(l: &Loaded, name: &str, device: u64) -> Result<DeviceTrace, T
     };
     let (log, t0) = match moved {
         Some(x) => x,
-        None => history_log(l, name, device, history, &mut frames)?,
+        None => history_log(l, name, device, history, &mut frames, &|a| {
+            live.contains_key(&a)
+        })?,
     };
 
     // rewound to the start
@@ -412,7 +414,8 @@ fn block_size(requested: u64) -> u64 {
 }
 
 /// A trace entry that did not fit the compact row (a field of another type): read as the
-/// Python reader did, refusing what it refused. None: an entry that frees nothing yet.
+/// Python reader did, refusing what it refused. None: an entry that frees nothing (a
+/// `free_requested` is read where it can be, for a history that frees there).
 fn general_entry(l: &Loaded, d: &Dict, at: &dyn Fn() -> String) -> Result<Option<Row>, TraceError> {
     let act = match l.get(d, "action").and_then(|a| l.as_str(a)) {
         Some(a) => a,
@@ -422,14 +425,13 @@ fn general_entry(l: &Loaded, d: &Dict, at: &dyn Fn() -> String) -> Result<Option
         return fail(format!("{}: unknown action {act:?}", at()).replace('"', "'"));
     };
     let code = code as u8;
+    if code == A_FREE_REQUESTED {
+        return Ok(requested_entry(l, d, at));
+    }
     if entries::frees_nothing(code) {
         return Ok(None);
     }
-    let time_us = match l.get(d, "time_us") {
-        Some(Value::Int(t)) => *t,
-        Some(Value::Bool(b)) => *b as i64,
-        _ => 0,
-    };
+    let time_us = time_of(l, d);
     let addr = if code == A_OOM && matches!(l.get(d, "addr"), None | Some(Value::None)) {
         0
     } else {
@@ -449,6 +451,30 @@ fn general_entry(l: &Loaded, d: &Dict, at: &dyn Fn() -> String) -> Result<Option
         stack: -1,
         device_free,
     }))
+}
+
+/// A `free_requested` entry that did not fit the compact row, as a row where its address and
+/// size read as they would in a `free_completed` (else None: skipped, as when a
+/// `free_completed` frees the memory).
+fn requested_entry(l: &Loaded, d: &Dict, at: &dyn Fn() -> String) -> Option<Row> {
+    Some(Row {
+        action: A_FREE_REQUESTED,
+        addr: uint(l, d, "addr", at).ok()?,
+        size: uint(l, d, "size", at).ok()?,
+        stream: stream_of(l, d),
+        time_us: time_of(l, d),
+        stack: -1,
+        device_free: None,
+    })
+}
+
+/// An entry's `time_us` (0 where it has none).
+fn time_of(l: &Loaded, d: &Dict) -> i64 {
+    match l.get(d, "time_us") {
+        Some(Value::Int(t)) => *t,
+        Some(Value::Bool(b)) => *b as i64,
+        _ => 0,
+    }
 }
 
 /// A device's stack table: each frame's "file:line:function" text once, and each stack as

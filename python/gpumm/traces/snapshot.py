@@ -24,7 +24,9 @@ Memory is freed at ``free_completed``, when the allocator gets the block back.
 ``free_requested`` is when the program let go; a block used on another stream
 (``record_stream``) stays the allocator's until the events recorded on that stream complete,
 so one whose ``free_completed`` never comes stays live to the end, as it is in the final
-segments (state ``active_pending_free``). An ``oom`` entry keeps its ``device_free``
+segments (state ``active_pending_free``). A history that holds no ``free_completed``
+(recorded with ``_record_memory_history(skip_actions=["free_completed"])``) is freed at
+``free_requested`` instead. An ``oom`` entry keeps its ``device_free``
 (:meth:`Trace.recorded_ooms`). ``snapshot`` entries mark when a snapshot was taken and
 ``annotate`` entries (recent PyTorch) when metadata was attached to a live allocation;
 neither changes memory.

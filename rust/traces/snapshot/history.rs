@@ -2,7 +2,9 @@
 //! row of the file, else entry by entry.
 
 use super::{fail, general_entry, Stacks};
-use crate::traces::entries::{self, A_ALLOC, A_OOM};
+use rustc_hash::FxHashSet;
+
+use crate::traces::entries::{self, Row, A_ALLOC, A_FREE_COMPLETED, A_FREE_REQUESTED, A_OOM};
 use crate::traces::log::{self, Log};
 use crate::traces::pickle::{Loaded, Value};
 use crate::traces::TraceError;
@@ -30,11 +32,12 @@ impl History<'_> {
     }
 }
 
-/// The log of a snapshot's action code.
+/// The log of a snapshot's action code (a `free_requested` reaches it only in a history
+/// that frees there: [`frees_at_request`]).
 fn log_action(action: u8) -> u8 {
     match action {
         entries::A_ALLOC => log::ALLOC,
-        entries::A_FREE_COMPLETED => log::FREE,
+        entries::A_FREE_COMPLETED | entries::A_FREE_REQUESTED => log::FREE,
         3 => log::SEGMENT_ALLOC,
         4 => log::SEGMENT_FREE,
         5 => log::SEGMENT_MAP,
@@ -65,8 +68,8 @@ pub(super) fn moved_log(
         }
         next += 1;
     }
-    if next != n {
-        return None;
+    if next != n || !l.entries.requested.is_empty() && !action_in(l, history, A_FREE_COMPLETED) {
+        return None; // freed at `free_requested`, kept aside: read entry by entry
     }
     let c = l.entries.take_cols()?;
     let action = &l.entries.action;
@@ -109,6 +112,88 @@ pub(super) fn moved_log(
     Some((log, t0.unwrap_or(0)))
 }
 
+/// Whether any entry of `history` is of `action`.
+fn action_in(l: &Loaded, history: History<'_>, action: u8) -> bool {
+    let of_row = |r: u32| !entries::skipped(r) && l.entries.action.get(r as usize) == Some(&action);
+    match history {
+        History::Rows(h) => h.iter().any(|&r| of_row(r)),
+        History::Values(h) => h.iter().any(|e| match e {
+            Value::Entry(r) => of_row(*r),
+            Value::Dict(d) => l
+                .get(d, "action")
+                .and_then(|a| l.as_str(a))
+                .is_some_and(|a| a == entries::SNAP_ACTIONS[action as usize]),
+            _ => false,
+        }),
+    }
+}
+
+/// Whether `history` frees memory at `free_requested`: it holds no `free_completed`, as when
+/// recorded with `_record_memory_history(skip_actions=["free_completed"])`. Where both are
+/// recorded, memory is freed at `free_completed`, when the allocator gets the block back
+/// (after the streams that used it are done with it).
+fn frees_at_request(l: &Loaded, history: History<'_>) -> bool {
+    !action_in(l, history, entries::A_FREE_COMPLETED)
+}
+
+/// Entry `i` of `history` as a row (None: an entry the general reader skips).
+fn row_at(
+    l: &Loaded,
+    name: &str,
+    device: u64,
+    history: History<'_>,
+    i: usize,
+) -> Result<Option<Row>, TraceError> {
+    let e = history.get(i);
+    Ok(Some(match e.as_ref() {
+        Value::Entry(r) => {
+            let mut row = l.entries.row(*r as usize);
+            if row.action == A_OOM {
+                row.device_free = l.entries.device_free_of(*r);
+            }
+            row
+        }
+        Value::Dict(d) => {
+            match general_entry(l, d, &|| format!("{name}: device_traces[{device}][{i}]"))? {
+                Some(r) => r,
+                None => return Ok(None),
+            }
+        }
+        _ => {
+            return fail(format!(
+                "{name}: device_traces[{device}][{i}]: must be a dict with an 'action'"
+            ))
+        }
+    }))
+}
+
+/// In a history that frees at `free_requested`, the entries of those never completed: an
+/// address's last `free_requested`, with no `alloc` after it, of a block the final segments
+/// still hold (`active_pending_free`: used on another stream, `record_stream`). `live_at_end`:
+/// whether the final segments hold a live block at an address.
+fn pending_requests(
+    l: &Loaded,
+    name: &str,
+    device: u64,
+    history: History<'_>,
+    live_at_end: &dyn Fn(u64) -> bool,
+) -> Result<FxHashSet<usize>, TraceError> {
+    let (mut pending, mut decided) = (FxHashSet::default(), FxHashSet::default());
+    for i in (0..history.len()).rev() {
+        let Some(row) = row_at(l, name, device, history, i)? else {
+            continue;
+        };
+        if matches!(row.action, A_ALLOC | A_FREE_REQUESTED)
+            && decided.insert(row.addr)
+            && row.action == A_FREE_REQUESTED
+            && live_at_end(row.addr)
+        {
+            pending.insert(i);
+        }
+    }
+    Ok(pending)
+}
+
 /// The log of a history read entry by entry (the rows copied, other dicts read as the
 /// Python reader did).
 pub(super) fn history_log(
@@ -117,39 +202,30 @@ pub(super) fn history_log(
     device: u64,
     history: History<'_>,
     frames: &mut Stacks,
+    live_at_end: &dyn Fn(u64) -> bool,
 ) -> Result<(Log, i64), TraceError> {
     let mut log = Log::default();
     let mut t0: Option<i64> = None;
     log.action.reserve(history.len());
+    let at_request = frees_at_request(l, history);
+    let pending = if at_request {
+        pending_requests(l, name, device, history, live_at_end)?
+    } else {
+        FxHashSet::default()
+    };
     for i in 0..history.len() {
-        let e = history.get(i);
-        let e = e.as_ref();
-        let row = match e {
-            Value::Entry(r) => {
-                let mut row = l.entries.row(*r as usize);
-                if row.action == A_OOM {
-                    row.device_free = l.entries.device_free_of(*r);
-                }
-                row
-            }
-            Value::Dict(d) => {
-                match general_entry(l, d, &|| format!("{name}: device_traces[{device}][{i}]"))? {
-                    Some(r) => r,
-                    None => continue,
-                }
-            }
-            _ => {
-                return fail(format!(
-                    "{name}: device_traces[{device}][{i}]: must be a dict with an 'action'"
-                ))
-            }
+        let Some(row) = row_at(l, name, device, history, i)? else {
+            continue;
         };
-        if entries::frees_nothing(row.action) {
+        if pending.contains(&i) {
+            continue; // never completed: live to the end
+        }
+        if entries::frees_nothing(row.action) && !(row.action == A_FREE_REQUESTED && at_request) {
             continue; // memory is freed at free_completed
         }
         let t = *t0.get_or_insert(row.time_us);
         let stack = if row.action == A_ALLOC {
-            frames.index(l, &row, e)
+            frames.index(l, &row, history.get(i).as_ref())
         } else {
             -1
         };
