@@ -250,11 +250,47 @@ def test_a_snapshot_gzipped_or_saved_with_torch_save_reads_as_the_pickle(tmp_pat
         gpumm.traces.read_trace(cut)
 
 
-def test_a_snapshot_written_as_json_is_told_to_be_a_pickle(tmp_path):
-    p = tmp_path / "s.json"
-    p.write_text(json.dumps(small_snapshot()))
-    with pytest.raises(TraceFormatError, match="snapshot written as JSON.*_dump_snapshot"):
-        gpumm.traces.read_trace(p)
+def test_a_snapshot_written_as_json_reads_as_the_pickle(tmp_path):
+    """``json.dump(torch.cuda.memory._snapshot(), f)``, plain or gzipped, reads as the pickle
+    of the same dict; JSON cut short is a clear error, and so is a snapshot whose keys are in
+    an order that tells it from a profiler trace only once read whole."""
+    want = read_snapshot(_write(tmp_path / "s.pickle", pickle.dumps(small_snapshot())))
+    text = json.dumps(small_snapshot())
+    plain = _write(tmp_path / "s.json", text.encode())
+    gz = _write(tmp_path / "s.json.gz", gzip.compress(b"  \n" + text.encode()))
+    for f in (plain, gz):
+        t = gpumm.traces.read_trace(f)
+        assert t.format == "snapshot"
+        assert [(e.action, e.ptr, e.size) for e in t.events] == \
+            [(e.action, e.ptr, e.size) for e in want.events]
+        assert t.start.segments == want.start.segments and t.frames == want.frames
+        assert load_snapshot(f) == json.loads(text)
+    cut = _write(tmp_path / "c.json", text[:-20].encode())
+    with pytest.raises(TraceFormatError, match="not readable JSON"):
+        gpumm.traces.read_trace(cut)
+    deep = _write(tmp_path / "d.json", b'{"segments": ' + b"[" * 100_000)
+    with pytest.raises(TraceFormatError, match="not readable JSON"):
+        gpumm.traces.read_trace(deep)
+    other = _write(tmp_path / "o.json", json.dumps(
+        {"user": 1, **small_snapshot()}).encode())
+    with pytest.raises(TraceFormatError, match="written as JSON.*read_snapshot"):
+        gpumm.traces.read_trace(other)
+    assert read_snapshot(other).peak_live() == want.peak_live()
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+@needs_shared
+def test_a_real_snapshot_written_as_json_replays_as_its_pickle(tmp_path):
+    snap = load_snapshot(TRACES / "forward_bf16.pickle")
+    p = _write(tmp_path / "s.json", json.dumps(snap).encode())
+    got, want = read_snapshot(p), read_snapshot(TRACES / "forward_bf16.pickle")
+    assert [(e.action, e.ptr, e.size, e.frames) for e in got.events] == \
+        [(e.action, e.ptr, e.size, e.frames) for e in want.events]
+    assert got.frames == want.frames and got.settings == want.settings
 
 
 def test_truncated_and_corrupt_snapshots(tmp_path):

@@ -457,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--ops", type=int, default=20000, help="random operations (default 20000)")
     demo.add_argument("--seed", type=int, default=0)
     rp = sub.add_parser("replay", help="replay a trace through gpumm and models of other allocators")
-    rp.add_argument("trace", help="RMM log CSV (.csv/.csv.gz), PyTorch snapshot pickle, or profiler JSON")
+    rp.add_argument("trace", help="RMM log CSV (.csv/.csv.gz), PyTorch snapshot (pickle, or JSON), or profiler JSON")
     where = rp.add_mutually_exclusive_group()
     where.add_argument("--device", default="h100", help="device preset whose capacity to use (default h100)")
     where.add_argument("--capacity", help="device capacity, e.g. 80GiB (overrides --device)")
@@ -488,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     uv.add_argument("--seed", type=int, default=0)
     uv.add_argument("--json", metavar="OUT", help="write results as JSON ('-' for stdout only)")
     dr = sub.add_parser("doctor", help="why a job ran out of memory (or reserved too much): a trace or snapshot")
-    dr.add_argument("trace", help="RMM log CSV, PyTorch snapshot pickle, or profiler JSON")
+    dr.add_argument("trace", help="RMM log CSV, PyTorch snapshot (pickle, or JSON), or profiler JSON")
     dr.add_argument("--capacity", help="the device to replay on: whether the job fits it with PyTorch's allocator, and which setting makes it fit (default: an H100's)")
     dr.add_argument("--gpu", type=int, metavar="N", help="diagnose device N of a snapshot only "
                     "(default: every device, the one with a recorded OOM first)")

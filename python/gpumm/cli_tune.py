@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
     """Adds the ``tune`` subcommand to ``gpumm``'s parser."""
     tp = subparsers.add_parser("tune", help="rank PyTorch's allocator settings for a trace by "
                                "exact replay (PYTORCH_CUDA_ALLOC_CONF)")
-    tp.add_argument("trace", help="PyTorch snapshot pickle, RMM log CSV, or profiler JSON")
+    tp.add_argument("trace", help="PyTorch snapshot (pickle, or JSON), RMM log CSV, or profiler JSON")
     tp.add_argument("--capacity", help="device capacity, e.g. 24GiB (default: an H100's); "
                     "garbage_collection_threshold is searched only with it (PyTorch's allowed "
                     "maximum: the memory fraction times the device's memory)")

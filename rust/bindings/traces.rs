@@ -336,7 +336,7 @@ pub fn read_snapshot(py: Python<'_>, path: String) -> PyResult<PySnapshot> {
     let name = path.clone();
     let loaded = guarded(py, &path, move || {
         let l = load_file(&name, true)
-            .map_err(|e| TraceError(format!("{name}: not a readable snapshot pickle: {}", e.0)))?;
+            .map_err(|e| TraceError(format!("{name}: not a readable snapshot: {}", e.0)))?;
         snapshot::segments(&l, &name)?;
         Ok(l)
     })?;
@@ -353,7 +353,7 @@ pub fn load_pickle<'py>(py: Python<'py>, path: String) -> PyResult<Bound<'py, Py
     let name = path.clone();
     let loaded = guarded(py, &path, move || {
         load_file(&name, false)
-            .map_err(|e| TraceError(format!("{name}: not a readable snapshot pickle: {}", e.0)))
+            .map_err(|e| TraceError(format!("{name}: not a readable snapshot: {}", e.0)))
     })?;
     let r = Converter::new(&loaded).py(py, &loaded.root);
     r.map_err(|e| not_plain(py, &path, e))
@@ -361,7 +361,7 @@ pub fn load_pickle<'py>(py: Python<'py>, path: String) -> PyResult<Bound<'py, Py
 
 /// A value Python cannot build (a dict key that is not hashable...) as a format error.
 fn not_plain(py: Python<'_>, name: &str, e: PyErr) -> PyErr {
-    format_error(py, format!("{name}: not a readable snapshot pickle: {e}"))
+    format_error(py, format!("{name}: not a readable snapshot: {e}"))
 }
 
 /// Reads an RMM log CSV (plain or gzip).

@@ -4,6 +4,7 @@
 //! `bindings/traces.rs`.
 
 pub mod entries;
+pub mod json_snapshot;
 pub mod log;
 pub mod pickle;
 pub mod pickle_file;

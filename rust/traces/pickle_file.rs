@@ -1,11 +1,13 @@
 //! A snapshot pickle as users keep it: the file `torch.cuda.memory._dump_snapshot` writes,
 //! that file gzipped (to share it), or `torch.save`'s zip of `_snapshot()` (its
-//! `<name>/data.pkl` entry is the pickle). Told apart by the first bytes; each is read as a
-//! stream, never held whole.
+//! `<name>/data.pkl` entry is the pickle); or the same dict written as JSON, plain or
+//! gzipped (`json_snapshot.rs`). Told apart by the first bytes; each is read as a stream,
+//! never held whole.
 
 use std::fs::File;
-use std::io::{BufReader, Read, Seek};
+use std::io::{BufRead, BufReader, Read, Seek};
 
+use super::json_snapshot;
 use super::pickle::{self, Loaded};
 use super::TraceError;
 
@@ -25,7 +27,7 @@ pub fn load(name: &str, compact: bool) -> Result<Loaded, TraceError> {
     match &magic[..n] {
         [0x1f, 0x8b, ..] => {
             let gz = flate2::read::MultiGzDecoder::new(buffered(f));
-            pickle::load_from(buffered(gz), len.saturating_mul(INFLATE_MAX), compact)
+            load_stream(buffered(gz), len.saturating_mul(INFLATE_MAX), compact, name)
         }
         b"PK\x03\x04" => {
             let mut zip = zip::ZipArchive::new(buffered(f))
@@ -45,7 +47,31 @@ pub fn load(name: &str, compact: bool) -> Result<Loaded, TraceError> {
             let size = entry.size() as usize;
             pickle::load_from(buffered(entry), size, compact)
         }
-        _ => pickle::load_from(buffered(f), len, compact),
+        _ => load_stream(buffered(f), len, compact, name),
+    }
+}
+
+/// A pickle, or a JSON text (its first byte past white space `{` or `[`), read from `input`
+/// of at most `len` bytes.
+fn load_stream(
+    mut input: impl BufRead,
+    len: usize,
+    compact: bool,
+    name: &str,
+) -> Result<Loaded, TraceError> {
+    let cannot = |e: std::io::Error| TraceError(format!("{name}: cannot read: {e}"));
+    loop {
+        let buf = input.fill_buf().map_err(cannot)?;
+        let blank = buf.iter().take_while(|b| b.is_ascii_whitespace()).count();
+        match buf.get(blank) {
+            Some(b'{' | b'[') => {
+                let bytes = json_snapshot::to_pickle(input)?;
+                return pickle::load(&bytes, compact);
+            }
+            Some(_) => return pickle::load_from(input, len, compact),
+            None if buf.is_empty() => return pickle::load_from(input, len, compact),
+            None => input.consume(blank), // white space only so far
+        }
     }
 }
 

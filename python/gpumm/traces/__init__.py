@@ -11,6 +11,7 @@
 """
 
 import os
+import re
 from typing import List, Optional, Union
 
 from gpumm.errors import TraceFormatError
@@ -57,8 +58,9 @@ def read_traces(path: Union[str, "os.PathLike[str]"]) -> List[Trace]:
 
 
 def read_trace(path: Union[str, "os.PathLike[str]"], device: Optional[int] = None) -> Trace:
-    """Reads an RMM CSV, a PyTorch snapshot pickle (plain, gzipped, or saved with
-    ``torch.save``) or a profiler JSON (plain or gzipped), by its first bytes.
+    """Reads an RMM CSV, a PyTorch snapshot (a pickle: plain, gzipped, or saved with
+    ``torch.save``; or its dict written as JSON, plain or gzipped) or a profiler JSON (plain
+    or gzipped), by its first bytes.
     ``device``: which device of a snapshot or a profiler trace (default: the first of
     :func:`read_traces`'s order, so the device of a recorded out-of-memory failure)."""
     name = os.fspath(path)
@@ -72,6 +74,10 @@ def read_trace(path: Union[str, "os.PathLike[str]"], device: Optional[int] = Non
     if device not in (None, 0):
         raise TraceFormatError(f"{name}: a {fmt} trace has one device (0), not {device}")
     return read_rmm_csv(name)
+
+
+#: a snapshot's dict written as JSON: its first key one of those ``_snapshot()`` returns
+_SNAPSHOT_JSON = re.compile(rb'\{\s*"(segments|device_traces|allocator_settings)"')
 
 
 def _format(name: str) -> str:
@@ -92,6 +98,8 @@ def _format(name: str) -> str:
             raise TraceFormatError(f"{name}: corrupt gzip data: {e}") from None
     text = head.lstrip()
     if head[:1] == b"\x80" or head[:4] == b"PK\x03\x04":  # a pickle, or torch.save's zip of one
+        return "snapshot"
+    if _SNAPSHOT_JSON.match(text):  # json.dump(torch.cuda.memory._snapshot(), f)
         return "snapshot"
     if text[:1] in (b"{", b"["):
         return "profiler"

@@ -76,9 +76,11 @@ def _memory_events(name: str) -> List[_Mem]:
     if not isinstance(items, list):
         if isinstance(data, dict) and ("device_traces" in data or "segments" in data):
             raise TraceFormatError(
-                f"{name}: a PyTorch memory snapshot written as JSON; gpumm reads the snapshot "
-                "as PyTorch writes it, a pickle: torch.cuda.memory._dump_snapshot(path), or "
-                "pickle.dump of the dict")
+                f"{name}: a PyTorch memory snapshot written as JSON, read as a snapshot where "
+                "its first key is 'segments' or 'device_traces' (as json.dump of "
+                "torch.cuda.memory._snapshot() writes it); this one starts with another: "
+                "read it with gpumm.traces.read_snapshot, or save the snapshot with "
+                "torch.cuda.memory._dump_snapshot(path)")
         raise TraceFormatError(f"{name}: no 'traceEvents' list")
     mem: List[_Mem] = []
     for i, ev in enumerate(items):
