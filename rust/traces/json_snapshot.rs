@@ -82,9 +82,10 @@ impl<'de> Visitor<'de> for Emit<'_> {
         Ok(())
     }
 
-    fn visit_str<E>(self, s: &str) -> Result<(), E> {
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<(), E> {
+        let len = u32::try_from(s.len()).map_err(|_| E::custom("a string over 4 GiB"))?;
         self.0.push(b'X'); // BINUNICODE
-        self.0.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        self.0.extend_from_slice(&len.to_le_bytes());
         self.0.extend_from_slice(s.as_bytes());
         Ok(())
     }
