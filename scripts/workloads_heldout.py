@@ -1,14 +1,17 @@
 """The held-out workloads: model steps recorded to test gpumm's pool on kinds of job it was
 not tuned on (docs/reserve.md, "Held-out workloads"). Each builds its model from a
 configuration in code (random weights: nothing is downloaded) and returns one step of it;
-scripts/workloads.py lists them with the others for scripts/record_workloads.py.
+the decoding ones are in scripts/workloads_heldout_decode.py. ``HELD_OUT`` lists them all,
+and scripts/workloads.py lists them with the others for scripts/record_workloads.py.
 """
 
 from __future__ import annotations
 
 from typing import List
 
-from workload_steps import Step, Workload, adamw_step, generate_step, image_classifier_step
+from workload_steps import Step, Workload, adamw_step, image_classifier_step
+from workloads_heldout_decode import (assisted_decode, gpt2_beam_generate, llama_static_decode,
+                                      opt_decode, t5_sample_generate, whisper_generate)
 
 
 def deberta_train() -> Step:
@@ -164,18 +167,6 @@ def regnet_train() -> Step:
     model = RegNetForImageClassification(RegNetConfig(num_labels=10))
     return image_classifier_step(model, 8, 160)
 
-
-def opt_decode() -> Step:
-    """Greedy decoding with learned positions: transformers' OPT with a shrunk configuration
-    (6 layers, hidden 512, 8 heads, vocabulary 16000), 3 sequences, a 40-token prompt, 48
-    new tokens, KV cache."""
-    import torch
-    from transformers import OPTConfig, OPTForCausalLM
-
-    torch.manual_seed(0)
-    model = OPTForCausalLM(OPTConfig(hidden_size=512, num_hidden_layers=6, ffn_dim=2048,
-                                     num_attention_heads=8, vocab_size=16000))
-    return generate_step(model, 16000, 3, 40, 48)
 
 
 def lora_train() -> Step:
@@ -356,53 +347,6 @@ def efficientnet_multiscale_train() -> Step:
     return step
 
 
-def llama_static_decode() -> Step:
-    """Decoding into a static KV cache (`cache_implementation="static"`: every layer's keys
-    and values allocated once at their full length, as compiled serving does) with
-    left-padded prompts of unequal lengths: transformers' Llama with a shrunk configuration
-    (6 layers, hidden 512, 8 heads, 4 key/value heads, vocabulary 32000), batch 4 of prompts
-    of 24-96 tokens, 64 new tokens greedy."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512)).eval()
-    lengths = [24, 96, 57, 40]
-    ids = torch.randint(1, 32000, (4, max(lengths)))
-    mask = torch.zeros_like(ids)
-    for row, n in enumerate(lengths):  # left padding: each prompt ends at the last column
-        ids[row, :-n] = 0
-        mask[row, -n:] = 1
-
-    def step() -> None:
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=64, min_new_tokens=64,
-                                 do_sample=False, cache_implementation="static", pad_token_id=0)
-        assert out.shape == (4, max(lengths) + 64), out.shape
-
-    return step
-
-
-def t5_sample_generate() -> Step:
-    """Encoder-decoder generation by nucleus sampling (each token's logits over the vocabulary
-    sorted for top-p, a cross-attention cache beside the growing self-attention one): T5-small
-    (the default T5Config), batch 4 of 256 source tokens, 48 new tokens, top-p 0.9."""
-    import torch
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    torch.manual_seed(0)
-    model = T5ForConditionalGeneration(T5Config(decoder_start_token_id=0, pad_token_id=0)).eval()
-    src = torch.randint(2, 32128, (4, 256))
-
-    def step() -> None:
-        with torch.no_grad():
-            out = model.generate(src, attention_mask=torch.ones_like(src), max_new_tokens=48,
-                                 min_new_tokens=48, do_sample=True, top_p=0.9, top_k=0)
-        assert out.shape[0] == 4, out.shape
-
-    return step
 
 
 def vit_mae_pretrain() -> Step:
@@ -422,55 +366,6 @@ def vit_mae_pretrain() -> Step:
     return adamw_step(model, lambda: model(pixel_values=pixels).loss)
 
 
-def whisper_generate() -> Step:
-    """Speech-to-text decoding (an encoder pass over the audio, then token by token with a
-    self-attention cache beside the cross-attention one): transformers' Whisper with a
-    shrunk configuration (4 + 4 layers, d_model 384, 6 heads, vocabulary 51,865), batch 2
-    of 30 s of log-mel features, 48 new tokens greedy."""
-    import torch
-    from transformers import WhisperConfig, WhisperForConditionalGeneration
-
-    torch.manual_seed(0)
-    model = WhisperForConditionalGeneration(WhisperConfig(
-        d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6,
-        decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536)).eval()
-    features = torch.randn(2, 80, 3000)
-
-    def step() -> None:
-        with torch.no_grad():
-            out = model.generate(input_features=features, max_new_tokens=48, min_new_tokens=48,
-                                 do_sample=False)
-        assert out.shape[0] == 2, out.shape
-
-    return step
-
-
-def assisted_decode() -> Step:
-    """Speculative decoding (`generate(assistant_model=...)`: a 2-layer draft model proposes
-    tokens, the 6-layer model checks them in one pass, and both KV caches are cut back to
-    the tokens kept): transformers' Llama, both with hidden 512, 8 heads, vocabulary 32000,
-    one prompt of 64 tokens, 64 new tokens greedy."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-
-    def llama(layers: int):
-        return LlamaForCausalLM(LlamaConfig(
-            vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=layers,
-            num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512)).eval()
-
-    model, draft = llama(6), llama(2)
-    ids = torch.randint(1, 32000, (1, 64))
-
-    def step() -> None:
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
-                                 max_new_tokens=64, min_new_tokens=64, do_sample=False,
-                                 pad_token_id=0)
-        assert out.shape == (1, 128), out.shape
-
-    return step
 
 
 def dit_train() -> Step:
@@ -516,9 +411,74 @@ def longformer_train() -> Step:
                                            labels=ids).loss)
 
 
+def videomae_train() -> Step:
+    """Video classification over space-time patches (16 frames in tubelets of 2, so the
+    attention runs over 8 x 10 x 10 = 800 tokens a clip): transformers' VideoMAE with a
+    shrunk configuration (6 layers, hidden 384, 6 heads), batch 4 of 16 x 160 x 160 clips,
+    AdamW."""
+    import torch
+    from transformers import VideoMAEConfig, VideoMAEForVideoClassification
+
+    torch.manual_seed(0)
+    model = VideoMAEForVideoClassification(VideoMAEConfig(
+        image_size=160, patch_size=16, num_frames=16, tubelet_size=2, hidden_size=384,
+        num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536, num_labels=10))
+    clips = torch.randn(4, 16, 3, 160, 160)
+    labels = torch.randint(0, 10, (4,))
+    return adamw_step(model, lambda: model(pixel_values=clips, labels=labels).loss)
+
+
+def electra_pretrain() -> Step:
+    """Replaced-token detection (ELECTRA: a small generator fills the masked positions by
+    sampling from its logits, a larger discriminator tells which tokens were replaced; both
+    trained in one step): transformers' Electra generator (4 layers, hidden 128) and
+    discriminator (6 layers, hidden 256), vocabulary 16000, batch 16 of 256 tokens, 15 %
+    masked, AdamW over both."""
+    import torch
+    from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
+
+    torch.manual_seed(0)
+
+    def config(hidden: int, layers: int, heads: int):
+        return ElectraConfig(vocab_size=16000, embedding_size=128, hidden_size=hidden,
+                             num_hidden_layers=layers, num_attention_heads=heads,
+                             intermediate_size=4 * hidden)
+
+    both = torch.nn.ModuleDict({"gen": ElectraForMaskedLM(config(128, 4, 2)),
+                                "disc": ElectraForPreTraining(config(256, 6, 4))})
+    ids = torch.randint(5, 16000, (16, 256))
+    mask = torch.rand(ids.shape) < 0.15
+
+    def loss():
+        out = both["gen"](input_ids=ids.masked_fill(mask, 4), labels=ids.masked_fill(~mask, -100))
+        sampled = torch.distributions.Categorical(logits=out.logits.detach()).sample()
+        fake = torch.where(mask, sampled, ids)
+        return out.loss + 50 * both["disc"](input_ids=fake, labels=(fake != ids).long()).loss
+
+    return adamw_step(both, loss)
+
+
+def llama_ckpt_long_train() -> Step:
+    """A long context with activation checkpointing (each layer's activations recomputed in
+    the backward pass, so a layer's worth lives at a time over 2,048 tokens): transformers'
+    Llama with a shrunk configuration (4 layers, hidden 256, 4 heads, 2 key/value heads,
+    vocabulary 8000), one sequence of 2,048 tokens, AdamW."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=8000, max_position_embeddings=2048))
+    model.gradient_checkpointing_enable()
+    ids = torch.randint(0, 8000, (1, 2048))
+    return adamw_step(model, lambda: model(input_ids=ids, labels=ids).loss)
+
+
 #: In the order they were recorded: the first four after the size cache stopped changing
 #: placements (docs/reserve.md, "Held-out workloads"), the next five after the policy of
-#: issue 27's first rounds, the last four after the heap page ends rule.
+#: issue 27's first rounds, then the others as the rules of docs/reserve.md came; the last
+#: four after "Heap blocks from both ends".
 HELD_OUT: List[Workload] = [
     Workload("deberta_train", "DeBERTa-v2 (small), 8 x 256 tokens, AdamW", deberta_train, 1, 2),
     Workload("segformer_train", "SegFormer (MiT-b0), 2 x 256 x 256, per-pixel loss, AdamW",
@@ -558,4 +518,12 @@ HELD_OUT: List[Workload] = [
              dit_train, 1, 2),
     Workload("longformer_train", "Longformer (small), window 128, 2 x 2048 tokens, MLM, AdamW",
              longformer_train, 1, 2),
+    Workload("videomae_train", "VideoMAE (small), 4 clips of 16 x 160 x 160, AdamW",
+             videomae_train, 1, 2),
+    Workload("electra_pretrain", "ELECTRA generator and discriminator, 16 x 256 tokens, AdamW",
+             electra_pretrain, 1, 2),
+    Workload("llama_ckpt_long_train", "Llama (small), activation checkpointing, 1 x 2048 "
+             "tokens, AdamW", llama_ckpt_long_train, 1, 2),
+    Workload("gpt2_beam_generate", "GPT-2 (small), beam search (4 beams), 4 x 64 + 64 tokens",
+             gpt2_beam_generate, 1, 1),
 ]
