@@ -131,6 +131,30 @@ mod tests {
         .unwrap();
         let Value::Dict(d) = l else { panic!("{l:?}") };
         assert_eq!(d.len(), 2);
+        let Value::List(a) = &d[0].1 else {
+            panic!("{:?}", d[0])
+        };
+        let ints: Vec<Option<i64>> = a[..4]
+            .iter()
+            .map(|v| match v {
+                Value::Int(n) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            ints,
+            [Some(1), Some(-2), Some(3_000_000_000), Some(-3_000_000_000)]
+        );
+        // u64::MAX: eight 0xff bytes and a 0 that keeps it positive
+        assert!(
+            matches!(&a[4], Value::BigInt(b) if b[..] == [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0])
+        );
+        assert!(matches!(a[5], Value::Float(x) if x == 1.5));
+        assert!(matches!(
+            a[6..9],
+            [Value::Bool(true), Value::Bool(false), Value::None]
+        ));
+        assert!(matches!(&d[1].1, Value::Dict(e) if e.is_empty()));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! that file gzipped (to share it), or `torch.save`'s zip of `_snapshot()` (its
 //! `<name>/data.pkl` entry is the pickle); or the same dict written as JSON, plain or
 //! gzipped (`json_snapshot.rs`). Told apart by the first bytes; each is read as a stream,
-//! never held whole.
+//! never held whole, but for the pickle a JSON text is turned into (`json_snapshot::to_pickle`),
+//! which is held whole while it loads.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek};

@@ -4,7 +4,7 @@
 use super::{fail, general_entry, Stacks};
 use rustc_hash::FxHashSet;
 
-use crate::traces::entries::{self, Row, A_ALLOC, A_FREE_COMPLETED, A_FREE_REQUESTED, A_OOM};
+use crate::traces::entries::{self, Row, A_ALLOC, A_FREE_REQUESTED, A_OOM};
 use crate::traces::log::{self, Log};
 use crate::traces::pickle::{Loaded, Value};
 use crate::traces::TraceError;
@@ -68,7 +68,7 @@ pub(super) fn moved_log(
         }
         next += 1;
     }
-    if next != n || !l.entries.requested.is_empty() && !action_in(l, history, A_FREE_COMPLETED) {
+    if next != n || !l.entries.requested.is_empty() && frees_at_request(l, history) {
         return None; // freed at `free_requested`, kept aside: read entry by entry
     }
     let c = l.entries.take_cols()?;
