@@ -127,6 +127,9 @@ pub struct Pool {
     page_shift: u32,
     /// log2 of `pg`.
     gshift: u32,
+    /// `pg / HEAP_END_DIV`: the least heap request that `carves_at_block_end` (a field, so
+    /// that the test on every heap request is one compare).
+    heap_end_units: u32,
     /// The largest request the pool can ever serve, in bytes (`max_size()`: fixed when made).
     max_bytes: u64,
     small_units: u64,
@@ -279,6 +282,7 @@ impl Pool {
             pg,
             page_shift: ps.trailing_zeros(),
             gshift: pg.trailing_zeros(),
+            heap_end_units: pg.div_ceil(HEAP_END_DIV),
             max_bytes: max.min(num_pages as u64 * ps),
             small_units: cfg.small_threshold.div_ceil(GRANULE),
             slack_units: (cfg.tail_slack / GRANULE) as u32,

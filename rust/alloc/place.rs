@@ -128,7 +128,7 @@ impl Pool {
     /// (`HEAP_END_ROOM_DIV`).
     #[inline]
     pub(super) fn carves_at_block_end(&self, units: u32) -> bool {
-        units * HEAP_END_DIV >= self.pg
+        units >= self.heap_end_units
             && self.served_large
             && !self.small_pool()
             && !self.room_under(HEAP_END_ROOM_DIV)
@@ -451,17 +451,27 @@ impl Pool {
         room * div < max
     }
 
-    /// Free block `b` leaves its bin and holds the request from its start (from its end for a
-    /// heap request that `carves_at_block_end`).
+    /// Free heap block `b` leaves its bin and holds the request from its start (from its end
+    /// where the pool `carves_at_block_end`).
     #[inline(always)]
     fn take_free(&mut self, b: u32, units: u32, a: u32) -> Layout {
         self.remove_free(b);
-        let blk = self.blocks[b as usize];
-        let at = if blk.heap && self.carves_at_block_end(units) {
-            blk.len - units
-        } else {
-            0
-        };
+        debug_assert!(
+            self.blocks[b as usize].heap,
+            "take_free takes heap blocks only"
+        );
+        if self.carves_at_block_end(units) {
+            return self.take_free_end(b, units, a);
+        }
+        // (the start: `carve` inlined with `at` 0, which the hot path keeps to)
+        Layout::Block(self.carve(b, 0, units, a))
+    }
+
+    /// `take_free` from the block's end (a branch of its own, so that `carve` on the other
+    /// is specialized for a start of 0).
+    #[inline(always)]
+    fn take_free_end(&mut self, b: u32, units: u32, a: u32) -> Layout {
+        let at = self.blocks[b as usize].len - units;
         Layout::Block(self.carve(b, at, units, a))
     }
 
@@ -515,7 +525,8 @@ impl Pool {
     }
 
     /// `place` when the size cache holds nothing (a request's own path, which gave it back
-    /// before it took a slot).
+    /// before it took a slot). Inlined into `alloc_inner`, whose registers it then shares.
+    #[inline(always)]
     pub(super) fn place_flushed(&mut self, units: u64, a: u32, reach: Reach) -> Option<Layout> {
         debug_assert!(self.cache.is_empty());
         if units < self.small_units {
