@@ -4,6 +4,16 @@
 
 use super::*;
 
+/// In a pool of at least `SMALL_POOL`, the free end of the heap page opened last is a head
+/// (`heap_ends_for`) only while another free heap block of at least 1/`FRONTIER_ROOM_DIV` of
+/// a page (512 KiB at 2 MiB pages) is there for the small requests that come next, and only
+/// where no other end takes as few pages. 4: clip_train 196 -> 194 MiB, gru_packed_varlen_train
+/// 124 -> 122, the three streams 14,802 -> 14,776 over 81 seeds, no row higher; 8 (256 KiB)
+/// also efficientnet_multiscale_train 698 -> 696 and roberta_bf16_train 276 -> 274, but
+/// swin_train 266 -> 268 and its copy at 4 KiB over its bound; 2 (1 MiB) clip_train and
+/// gru_packed_varlen_train only (docs/reserve.md, "Heap page ends as heads and tails").
+const FRONTIER_ROOM_DIV: u32 = 4;
+
 impl Pool {
     /// The free page start that a tail of a request of `units` after a head of `h` granules
     /// would take, with the granules it would leave unused: `(0, NIL)` when there is no tail,
@@ -216,10 +226,13 @@ impl Pool {
     /// keeps no bins of page ends: without this, a heap page that holds a few small blocks
     /// stays mostly free to the peak beside the page the pool grows by (dcgan_train's 2.25
     /// MiB activations beside heap pages with 0.9–1.5 MiB free ends). In a pool of at least
-    /// `SMALL_POOL`, not the end of the heap page opened last (`last_heap_open`): that is
-    /// where the next small requests go, and a head there sends them to a fresh heap page,
-    /// layer after layer (cs336_ctx128_forward 16,791 → 16,814 MiB, unet_train 400 → 404).
-    /// Looks at the `HEAP_END_SCAN` largest heap blocks. Returns the new (head, tail).
+    /// `SMALL_POOL`, the end of the heap page opened last (`last_heap_open`) only where
+    /// another heap block of a quarter page is free (`FRONTIER_ROOM_DIV`) and no other end
+    /// does as well: that page is where the next small requests go, and a head there with
+    /// nowhere else for them sends them to a fresh heap page, layer after layer
+    /// (cs336_ctx128_forward 16,791 → 16,814 MiB, unet_train 400 → 404 with that end always
+    /// a head). Looks at the `HEAP_END_SCAN` largest heap blocks. Returns the new (head,
+    /// tail).
     /// Measured in docs/reserve.md, "Heap page ends as heads and tails".
     #[cold]
     #[inline(never)]
@@ -273,9 +286,10 @@ impl Pool {
         best.map(|(_, h, tl)| (h, tl))
     }
 
-    /// Of the `HEAP_END_SCAN` largest free heap blocks, those that end their segment (but,
-    /// in a pool of at least `SMALL_POOL`, not in the heap page opened last) and those that
-    /// start it.
+    /// Of the `HEAP_END_SCAN` largest free heap blocks, those that end their segment and
+    /// those that start it. In a pool of at least `SMALL_POOL`, the end in the heap page
+    /// opened last comes last, and only when another of them is at least 1/`FRONTIER_ROOM_DIV`
+    /// of a page.
     fn heap_page_ends(
         &self,
     ) -> (
@@ -291,6 +305,7 @@ impl Pool {
         };
         let mut left = HEAP_END_SCAN;
         let mut top = usize::MAX;
+        let (mut at_frontier, mut room) = (None, false);
         'bins: while let Some(bin) = self.primary[HEAP].last_at_or_below(top) {
             for b in self.primary[HEAP].iter(&links, bin) {
                 if left == 0 {
@@ -298,10 +313,13 @@ impl Pool {
                 }
                 left -= 1;
                 let blk = &self.blocks[b as usize];
+                if blk.next == NIL && self.page_after(blk) - 1 == frontier {
+                    at_frontier = Some(b);
+                    continue;
+                }
+                room |= blk.len * FRONTIER_ROOM_DIV >= self.pg;
                 if blk.next == NIL {
-                    if self.page_after(blk) - 1 != frontier {
-                        ends.push(b);
-                    }
+                    ends.push(b);
                 } else if blk.prev == NIL {
                     starts.push(b);
                 }
@@ -310,6 +328,10 @@ impl Pool {
                 break;
             }
             top = bin - 1;
+        }
+        // (last: another end that takes as few pages goes first)
+        if let Some(b) = at_frontier.filter(|_| room) {
+            ends.push(b);
         }
         (ends, starts)
     }

@@ -1,6 +1,7 @@
 //! A large request about to grow the pool takes a heap page's free end as its head (or a
 //! free start as its tail) when that saves a page (`heap_ends_for`); in a pool of at least
-//! `SMALL_POOL`, not the end of the heap page opened last, which the next small requests use.
+//! `SMALL_POOL`, the end of the heap page opened last, which the next small requests use,
+//! only where no other end does as well and another heap block of a quarter page is free.
 
 use super::super::tests::{alloc_id as alloc, device, MIB};
 use super::*;
@@ -81,4 +82,53 @@ fn a_refused_batch_leaves_the_heap_page_opened_last_as_it_was() {
         before,
         "the refused batch moved the heap page opened last",
     );
+}
+
+#[test]
+fn a_large_pool_takes_the_end_of_the_heap_page_opened_last_beside_a_quarter_page_free() {
+    // the first heap page's free 1,048 KiB (a quarter page or more) is left to the small
+    // requests: a 4,032 KiB request takes the last heap page's 1,984 KiB end and one page
+    let mut p = two_heap_pages(SMALL_POOL);
+    let before = p.reserved_bytes();
+    alloc(&mut p, 4032 * KIB);
+    assert_eq!(
+        p.reserved_bytes() - before,
+        2 * MIB,
+        "the last heap page's end not taken"
+    );
+    p.validate().unwrap();
+}
+
+#[test]
+fn a_large_pool_leaves_the_end_of_the_heap_page_opened_last_with_less_than_a_quarter_page_free() {
+    // as `two_heap_pages`, but the first heap page ends in 448 KiB free: nowhere else for the
+    // small requests, so the 4,032 KiB request takes two pages
+    let mut cfg = PoolConfig::new(2 * MIB);
+    cfg.check = true;
+    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
+    alloc(&mut p, SMALL_POOL);
+    for _ in 0..8 {
+        alloc(&mut p, 200 * KIB);
+    }
+    let ends = [
+        alloc(&mut p, 200 * KIB),
+        alloc(&mut p, 200 * KIB),
+        alloc(&mut p, 48 * KIB),
+    ];
+    alloc(&mut p, 64 * KIB);
+    for x in ends {
+        p.free(x).unwrap();
+    }
+    p.flush_cache();
+    let s = p.stats();
+    assert_eq!((s.pages_heap, s.pages_free), (2, 0));
+    assert_eq!(s.heap_free_bytes, (448 + 1984) * KIB);
+    let before = p.reserved_bytes();
+    alloc(&mut p, 4032 * KIB);
+    assert_eq!(
+        p.reserved_bytes() - before,
+        4 * MIB,
+        "the last heap page's end taken"
+    );
+    p.validate().unwrap();
 }
