@@ -12,13 +12,22 @@ const KIB: u64 = 1 << 10;
 /// holds 1,000 KiB and ends in 1,048 KiB free, the second, opened last, holds 64 KiB and
 /// ends in 1,984 KiB free.
 fn two_heap_pages(held: u64) -> Pool {
+    two_heap_pages_of(held, &[1000 * KIB], &[1000 * KIB, 48 * KIB], 1048 * KIB)
+}
+
+/// `held` bytes in a large allocation, then the first heap page filled with `kept` and
+/// `freed` (a page's worth), a second opened for 64 KiB, and `freed` freed: the first page
+/// ends in `first_free` bytes free, the second in 1,984 KiB.
+fn two_heap_pages_of(held: u64, kept: &[u64], freed: &[u64], first_free: u64) -> Pool {
     let mut cfg = PoolConfig::new(2 * MIB);
     cfg.check = true;
     let mut p = Pool::new(device(1 << 30), cfg).unwrap();
     alloc(&mut p, held);
-    alloc(&mut p, 1000 * KIB);
+    for &k in kept {
+        alloc(&mut p, k);
+    }
     // (the first page full: the next request opens a page of its own)
-    let ends = [alloc(&mut p, 1000 * KIB), alloc(&mut p, 48 * KIB)];
+    let ends: Vec<AllocId> = freed.iter().map(|&f| alloc(&mut p, f)).collect();
     alloc(&mut p, 64 * KIB);
     for x in ends {
         p.free(x).unwrap();
@@ -26,7 +35,7 @@ fn two_heap_pages(held: u64) -> Pool {
     p.flush_cache();
     let s = p.stats();
     assert_eq!((s.pages_heap, s.pages_free), (2, 0));
-    assert_eq!(s.heap_free_bytes, (1048 + 1984) * KIB);
+    assert_eq!(s.heap_free_bytes, first_free + 1984 * KIB);
     p
 }
 
@@ -88,47 +97,27 @@ fn a_refused_batch_leaves_the_heap_page_opened_last_as_it_was() {
 fn a_large_pool_takes_the_end_of_the_heap_page_opened_last_beside_a_quarter_page_free() {
     // the first heap page's free 1,048 KiB (a quarter page or more) is left to the small
     // requests: a 4,032 KiB request takes the last heap page's 1,984 KiB end and one page
-    let mut p = two_heap_pages(SMALL_POOL);
-    let before = p.reserved_bytes();
-    alloc(&mut p, 4032 * KIB);
-    assert_eq!(
-        p.reserved_bytes() - before,
-        2 * MIB,
-        "the last heap page's end not taken"
-    );
-    p.validate().unwrap();
+    let p = two_heap_pages(SMALL_POOL);
+    grows_by(p, 4032 * KIB, 2 * MIB, "the last heap page's end not taken");
 }
 
 #[test]
 fn a_large_pool_leaves_the_end_of_the_heap_page_opened_last_with_less_than_a_quarter_page_free() {
     // as `two_heap_pages`, but the first heap page ends in 448 KiB free: nowhere else for the
     // small requests, so the 4,032 KiB request takes two pages
-    let mut cfg = PoolConfig::new(2 * MIB);
-    cfg.check = true;
-    let mut p = Pool::new(device(1 << 30), cfg).unwrap();
-    alloc(&mut p, SMALL_POOL);
-    for _ in 0..8 {
-        alloc(&mut p, 200 * KIB);
-    }
-    let ends = [
-        alloc(&mut p, 200 * KIB),
-        alloc(&mut p, 200 * KIB),
-        alloc(&mut p, 48 * KIB),
-    ];
-    alloc(&mut p, 64 * KIB);
-    for x in ends {
-        p.free(x).unwrap();
-    }
-    p.flush_cache();
-    let s = p.stats();
-    assert_eq!((s.pages_heap, s.pages_free), (2, 0));
-    assert_eq!(s.heap_free_bytes, (448 + 1984) * KIB);
-    let before = p.reserved_bytes();
-    alloc(&mut p, 4032 * KIB);
-    assert_eq!(
-        p.reserved_bytes() - before,
-        4 * MIB,
-        "the last heap page's end taken"
+    let p = two_heap_pages_of(
+        SMALL_POOL,
+        &[200 * KIB; 8],
+        &[200 * KIB, 200 * KIB, 48 * KIB],
+        448 * KIB,
     );
+    grows_by(p, 4032 * KIB, 4 * MIB, "the last heap page's end taken");
+}
+
+/// A request of `size` on `p` grows it by `by` bytes (`why` if not).
+fn grows_by(mut p: Pool, size: u64, by: u64, why: &str) {
+    let before = p.reserved_bytes();
+    alloc(&mut p, size);
+    assert_eq!(p.reserved_bytes() - before, by, "{why}");
     p.validate().unwrap();
 }
