@@ -460,19 +460,13 @@ impl Pool {
             self.blocks[b as usize].heap,
             "take_free takes heap blocks only"
         );
+        // (two calls of `carve`, so that the one the hot path takes is inlined with a start
+        // of 0: a start computed at run time cost every heap request, benches/RESULTS.md)
         if self.carves_at_block_end(units) {
-            return self.take_free_end(b, units, a);
+            let at = self.blocks[b as usize].len - units;
+            return Layout::Block(self.carve(b, at, units, a));
         }
-        // (the start: `carve` inlined with `at` 0, which the hot path keeps to)
         Layout::Block(self.carve(b, 0, units, a))
-    }
-
-    /// `take_free` from the block's end (a branch of its own, so that `carve` on the other
-    /// is specialized for a start of 0).
-    #[inline(always)]
-    fn take_free_end(&mut self, b: u32, units: u32, a: u32) -> Layout {
-        let at = self.blocks[b as usize].len - units;
-        Layout::Block(self.carve(b, at, units, a))
     }
 
     /// For a request that the run-first rule would lay over a fresh run because its head
