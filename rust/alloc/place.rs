@@ -330,7 +330,7 @@ impl Pool {
                     debug_assert!(taken);
                     return Some(self.run_on(c, p, n, units as u32, a));
                 }
-                if !self.keeps_head(head, whole, need) {
+                if !self.keeps_head(head, whole, need, units) {
                     if let Some(p) = self.free_pages.alloc(whole) {
                         let b = self.open_segment(p, whole, PageKind::Large);
                         return Some(Layout::Block(self.carve(b, 0, units as u32, a)));
@@ -406,18 +406,23 @@ impl Pool {
     /// Whether a request that the run-first rule would lay over `whole` fresh pages goes over
     /// `head` (a free page end) and `need` pages instead: in a pool of at least `SMALL_POOL`,
     /// not under pressure (where `pick_head_tail` pairs heads and tails already), when the
-    /// head saves a page of a run of at most `RUN_FIRST_HEAD_PAGES` and is at least
-    /// 1/`RUN_FIRST_HEAD_DIV` of a page. A head passed over stays free until a request fits
-    /// it; in a training step repeated over the pages the first one freed, each tensor passed
-    /// one, and they add up to the pages the step's peak then grows by (docs/reserve.md,
-    /// "Reserve on every trace": vit_train).
+    /// head is at least 1/`RUN_FIRST_HEAD_DIV` of a page and either saves a page of a run of
+    /// at most `RUN_FIRST_HEAD_PAGES` or holds at least half the request. A head passed over
+    /// stays free until a request fits it; in a training step repeated over the pages the
+    /// first one freed, each tensor passed one, and they add up to the pages the step's peak
+    /// then grows by (docs/reserve.md, "Reserve on every trace": vit_train). A request below
+    /// a page saves no page over the head, but its fresh page's start leaves two free page
+    /// ends (the head and the page's end) where the head leaves one, longer by the head
+    /// (marian_train's 1,152 KiB activations, one to a page, left 30 ends of 640-896 KiB
+    /// that its 105 MiB logits could use one of: "Heads that hold half the request").
     #[inline]
-    fn keeps_head(&self, head: u32, whole: u32, need: u32) -> bool {
-        whole > need
+    fn keeps_head(&self, head: u32, whole: u32, need: u32, units: u64) -> bool {
+        let h = self.len_or_0(head);
+        (whole > need || h * 2 >= units)
             && whole <= RUN_FIRST_HEAD_PAGES
             && !self.small_pool()
             && !self.under_pressure()
-            && self.len_or_0(head) * RUN_FIRST_HEAD_DIV as u64 >= self.pg as u64
+            && h * RUN_FIRST_HEAD_DIV as u64 >= self.pg as u64
     }
 
     /// On the quick path (`Reach::Held`), a request that would reclaim pages from large
