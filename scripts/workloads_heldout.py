@@ -13,8 +13,7 @@ from typing import List
 from workload_steps import Step, Workload, adamw_step, image_classifier_step
 from workloads_heldout_decode import (assisted_decode, gpt2_beam_generate, llama_static_decode,
                                       opt_decode, t5_sample_generate, whisper_generate)
-from workloads_heldout_kinds import (ddp_bucket_train, funnel_train, marian_train, patchtst_train,
-                                     ppo_update, vae_decode_serve, xlnet_train)
+from workloads_heldout_kinds import KINDS
 
 
 def deberta_train() -> Step:
@@ -529,18 +528,4 @@ HELD_OUT: List[Workload] = [
              "tokens, AdamW", llama_ckpt_long_train, 1, 2),
     Workload("gpt2_beam_generate", "GPT-2 (small), beam search (4 beams), 4 x 64 + 64 tokens",
              gpt2_beam_generate, 1, 1),
-    Workload("xlnet_train", "XLNet (small), two-stream attention, 4 x 192 tokens, 32 targets, "
-             "AdamW", xlnet_train, 1, 2),
-    Workload("funnel_train", "Funnel Transformer (small), pooled blocks, MLM, 8 x 256 tokens, "
-             "AdamW", funnel_train, 1, 2),
-    Workload("patchtst_train", "PatchTST, 64 series x 21 channels, 512-step context, 96 ahead, "
-             "AdamW", patchtst_train, 1, 2),
-    Workload("marian_train", "Marian (small), translation, 16 x 64 -> 72 tokens, AdamW",
-             marian_train, 1, 2),
-    Workload("vae_decode_serve", "diffusers AutoencoderKL decoder, latents of 16, 24 and 32",
-             vae_decode_serve, 1, 2),
-    Workload("ppo_update", "PPO update, 2048-step rollout, 4 epochs of 32 minibatches, Adam",
-             ppo_update, 1, 2),
-    Workload("ddp_bucket_train", "12-layer MLP, gradients reduced in 25 MiB buckets, AdamW",
-             ddp_bucket_train, 1, 2),
-]
+] + KINDS

@@ -8,7 +8,9 @@ configuration in code (random weights: nothing is downloaded) and returns one st
 
 from __future__ import annotations
 
-from workload_steps import Step, adamw_step
+from typing import List
+
+from workload_steps import Step, Workload, adamw_step
 
 
 def xlnet_train() -> Step:
@@ -179,3 +181,19 @@ def ddp_bucket_train() -> Step:
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+#: (name, what it is, its step) of each, with 1 warm-up and 2 recorded steps
+KINDS: List[Workload] = [Workload(name, summary, build, 1, 2) for name, summary, build in [
+    ("xlnet_train", "XLNet (small), two-stream attention, 4 x 192, 32 targets, AdamW", xlnet_train),
+    ("funnel_train", "Funnel Transformer (small), pooled blocks, MLM, 8 x 256, AdamW",
+     funnel_train),
+    ("patchtst_train", "PatchTST, 64 series x 21 channels, 512 steps, 96 ahead, AdamW",
+     patchtst_train),
+    ("marian_train", "Marian (small), translation, 16 x 64 -> 72 tokens, AdamW", marian_train),
+    ("vae_decode_serve", "diffusers AutoencoderKL decoder, latents of 16, 24 and 32",
+     vae_decode_serve),
+    ("ppo_update", "PPO update, 2048-step rollout, 4 epochs of 32 minibatches, Adam", ppo_update),
+    ("ddp_bucket_train", "12-layer MLP, gradients reduced in 25 MiB buckets, AdamW",
+     ddp_bucket_train),
+]]
