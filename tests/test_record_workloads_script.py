@@ -1,5 +1,6 @@
 """scripts/record_workloads.py and the workloads it records (scripts/workloads.py,
-scripts/workloads_heldout.py, scripts/workloads_heldout_decode.py): every workload listed
+scripts/workloads_heldout.py, scripts/workloads_heldout_decode.py,
+scripts/workloads_heldout_kinds.py): every workload listed
 once, and a plain ``torch.nn`` one recorded for real into an RMM log that the replay
 reads."""
 
